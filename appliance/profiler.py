@@ -1,0 +1,90 @@
+"""Per-step timings as plain stats objects.
+
+The engine fills these; it knows nothing of Prometheus. `appliance.metrics`
+(server side) and `appliance bench` read them. With APPLIANCE_PROFILE=1 each
+step is also logged in the one-line format of ENGINE.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+log = logging.getLogger("appliance.profile")
+
+
+@dataclass
+class PrefillStats:
+    n_tokens: int            # prompt tokens computed in this prefill
+    n_context: int           # context length after it
+    total_s: float = 0.0
+    gemm_s: float = 0.0      # quantize + GEMM (all linear layers, lm_head included)
+    attn_s: float = 0.0      # attention over the KV cache, KV writes included
+
+    @property
+    def attn_share(self) -> float:
+        return self.attn_s / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def gemm_share(self) -> float:
+        return self.gemm_s / self.total_s if self.total_s > 0 else 0.0
+
+    def log_line(self) -> str:
+        return (f"[prefill] n={self.n_tokens} total_s={self.total_s:.3f} "
+                f"gemm={100 * self.gemm_share:.1f}% attn={100 * self.attn_share:.1f}%")
+
+
+@dataclass
+class DecodeStats:
+    batch: int               # sequences decoded together in this step
+    n_context: int           # longest context among them (tokens in the cache)
+    total_s: float = 0.0
+    gemm_s: float = 0.0
+    attn_s: float = 0.0
+    contexts: list[int] = field(default_factory=list)  # context length of each sequence
+
+    @property
+    def attn_share(self) -> float:
+        return self.attn_s / self.total_s if self.total_s > 0 else 0.0
+
+    def log_line(self) -> str:
+        return (f"[decode] n={self.n_context} total_ms={1e3 * self.total_s:.2f} "
+                f"attn_ms={1e3 * self.attn_s:.2f} gemm_ms={1e3 * self.gemm_s:.2f}")
+
+
+class StepTimer:
+    """Accumulates time spent in named sections ('gemm', 'attn') during one step."""
+
+    __slots__ = ("gemm_s", "attn_s")
+
+    def __init__(self) -> None:
+        self.gemm_s = 0.0
+        self.attn_s = 0.0
+
+    @contextmanager
+    def gemm(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.gemm_s += time.perf_counter() - t0
+
+    @contextmanager
+    def attn(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.attn_s += time.perf_counter() - t0
+
+
+def profiling_enabled() -> bool:
+    return os.environ.get("APPLIANCE_PROFILE", "") not in ("", "0", "false", "no")
+
+
+def emit(stats: PrefillStats | DecodeStats) -> None:
+    """Log one line per step when APPLIANCE_PROFILE is set."""
+    if profiling_enabled():
+        log.info(stats.log_line())

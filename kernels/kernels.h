@@ -1,0 +1,121 @@
+/*
+ * The kernel contract: every function here exists twice,
+ *   <name>_portable  plain C, always built, the reference;
+ *   <name>_simd      the build's best path (NEON+dotprod on aarch64, AVX2 on x86_64),
+ *                    which is the portable one where no SIMD path exists.
+ * Callers (kernels.pyx) pick one by name; tests compare the two.
+ *
+ * Shapes use row-major C order. Names: N = output features (weight rows),
+ * K = input features (multiple of QK = 32), M = activation rows (tokens).
+ * Threads: functions that take `nthreads` parallelise with OpenMP over it;
+ * none of them touches Python objects, so callers release the GIL.
+ */
+#ifndef APPLIANCE_KERNELS_H
+#define APPLIANCE_KERNELS_H
+#include <stdint.h>
+
+#define QK 32  /* quantization block length, along K (weights/activations) or head_dim (KV) */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- fp16 helpers (weight scales are IEEE half, stored as uint16_t) ---- */
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);   /* round to nearest even */
+
+/* ---- activations: int8 per 32-block, max-abs scale -------------------- */
+/* x: float[M, K] -> q: int8[M, K], d: float[M, K/QK]; d = max|x_b|/127, q = round(x/d) */
+void quantize_rows_q8_portable(const float *x, int64_t M, int64_t K, int8_t *q, float *d);
+void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, float *d);
+
+/* ---- GEMM / GEMV over quantized weights ------------------------------- */
+/* Q8_0: wq int8[N, K], wd fp16[N, K/QK]           (w = wd * wq)
+ * Q4_0: wq uint8[N, K/2], wd fp16[N, K/QK]; inside each 32-block of a row, byte j
+ *       holds element j in its low nibble and element j+16 in its high nibble;
+ *       w = wd * (nibble - 8).
+ * xq int8[M, K], xd float[M, K/QK]  (from quantize_rows_q8)
+ * y float[M, N]: y[m, n] = sum_b (sum_i xq*wq as int32) * xd[m,b] * wd[n,b]
+ * Parallel over N. M == 1 is the GEMV of decode.                              */
+void gemm_q8_portable(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                      const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads);
+void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads);
+void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                      const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads);
+void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads);
+
+/* ---- elementwise ------------------------------------------------------ */
+/* out[m, :] = x[m, :] / sqrt(mean(x[m,:]^2) + eps) * w   (x float[M, D], w float[D]); out may alias x */
+void rmsnorm_portable(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out);
+void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out);
+
+/* In-place rotary embedding, rotate-half (GPT-NeoX) convention as Qwen3 uses:
+ * x float[M, H, hd]; for token m at position pos[m] and i < hd/2:
+ *   a = pos[m] * inv_freq[i]; c = cos(a), s = sin(a)
+ *   x0 = x[i], x1 = x[i + hd/2];  x[i] = x0*c - x1*s;  x[i+hd/2] = x1*c + x0*s   */
+void rope_portable(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, const float *inv_freq);
+void rope_simd(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, const float *inv_freq);
+
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n elements; out may alias gate */
+void silu_mul_portable(const float *gate, const float *up, int64_t n, float *out);
+void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out);
+
+/* ---- attention over the paged KV cache -------------------------------- */
+/* Cache layout for one layer, head-major inside a block (block = `bs` tokens):
+ *   q8 : k int8[nblk, n_kv, bs, hd],  ks float[nblk, n_kv, bs]   (per token,head max-abs scale)
+ *   q4 : k uint8[nblk, n_kv, bs, hd/2], ks float[nblk, n_kv, bs, hd/QK] (Q4_0 nibble order as above)
+ *   f32: k float[nblk, n_kv, bs, hd],  ks unused (NULL)
+ *   V has the same layout as K with vs as its scales.
+ * Queries: q float[T, Hq, hd] with Hq = n_kv * group; q head j uses kv head j / group.
+ * Visible tokens, per kv head h: the blocks table[h*table_stride + i], i < nsel,
+ *   each holding count[h*table_stride + i] valid tokens (the first `count` of the block),
+ *   in increasing position order; the logical position of a token is passed implicitly:
+ *   query t may see a token only if its position <= qpos[t]; positions of listed blocks are
+ *   blockpos[h*table_stride + i] * bs + offset (blockpos = logical block index).
+ *   table_stride == 0 shares one list across heads (exact attention).
+ * One pass: for each (t, h) the group's queries are served by a single scan of the
+ * rows, with online softmax (running max, rescale). Scores are scaled by `scale`.
+ * q is quantized to int8 per 32-block inside the kernel for the q8/q4 paths.
+ * out float[T, Hq, hd]. Parallel over (t, h).                                     */
+void attention_q8_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                           const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                           int64_t bs, const int32_t *table, const int32_t *blockpos,
+                           const int32_t *count, int64_t nsel, int64_t table_stride,
+                           const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_q8_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_q4_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                           const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                           int64_t bs, const int32_t *table, const int32_t *blockpos,
+                           const int32_t *count, int64_t nsel, int64_t table_stride,
+                           const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_q4_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_f32_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                            const float *k, const float *v,
+                            int64_t bs, const int32_t *table, const int32_t *blockpos,
+                            const int32_t *count, int64_t nsel, int64_t table_stride,
+                            const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                        const float *k, const float *v,
+                        int64_t bs, const int32_t *table, const int32_t *blockpos,
+                        const int32_t *count, int64_t nsel, int64_t table_stride,
+                        const int32_t *qpos, float scale, float *out, int nthreads);
+
+/* ---- what this build is ----------------------------------------------- */
+const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */
+int kernel_cpu_supported(void);       /* 1 if this CPU runs the compiled SIMD path (AT_HWCAP / cpuid) */
+const char *kernel_cpu_features(void);/* e.g. "asimd asimddp fphp" or "avx2 fma f16c" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

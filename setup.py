@@ -1,0 +1,51 @@
+"""Builds appliance._kernels from kernels/ (C + Cython) with OpenMP.
+
+Flags follow the *target* platform (sysconfig.get_platform() honours
+_PYTHON_HOST_PLATFORM, so cross builds for aarch64 work):
+  x86_64  : -mavx2 -mfma -mf16c            (APPLIANCE_MARCH overrides, e.g. -march=native)
+  aarch64 : -march=armv8.2-a+dotprod+fp16  (APPLIANCE_MARCH=-mcpu=native on a board)
+  other   : portable C only
+APPLIANCE_PORTABLE=1 builds without any SIMD path.
+NUMPY_INCLUDE / CYTHON_INCLUDE_PATH point at the target's headers in cross builds.
+"""
+import os
+import sysconfig
+
+from setuptools import Extension, setup
+from Cython.Build import cythonize
+
+target = sysconfig.get_platform()
+march = os.environ.get("APPLIANCE_MARCH")
+if os.environ.get("APPLIANCE_PORTABLE") == "1":
+    arch_flags = []
+elif target.endswith("aarch64") or target.endswith("arm64"):
+    arch_flags = [march or "-march=armv8.2-a+dotprod+fp16"]
+elif target.endswith("x86_64") or target.endswith("amd64"):
+    arch_flags = (march.split() if march else ["-mavx2", "-mfma", "-mf16c"])
+else:
+    arch_flags = []
+
+numpy_include = os.environ.get("NUMPY_INCLUDE") or __import__("numpy").get_include()
+cython_include = [p for p in os.environ.get("CYTHON_INCLUDE_PATH", "").split(os.pathsep) if p]
+
+sources = [
+    "kernels/kernels.pyx",
+    "kernels/portable.c",
+    "kernels/x86/avx2.c",
+    "kernels/arm/neon.c",
+    "kernels/dispatch.c",
+]
+
+extension = Extension(
+    "appliance._kernels",
+    sources,
+    include_dirs=["kernels", numpy_include],
+    extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"] + arch_flags,
+    extra_link_args=["-fopenmp"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+setup(
+    ext_modules=cythonize([extension], include_path=cython_include, language_level=3,
+                          compiler_directives={"boundscheck": False, "wraparound": False}),
+)
