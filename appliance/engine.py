@@ -1,0 +1,360 @@
+"""The engine: load a checkpoint, then prefill and decode sequences, alone or batched.
+
+    engine = Engine.load(path, weights="q8", kv="q8")
+    for event in engine.generate("Hello", max_tokens=16):
+        print(event.text, end="")
+
+The step API (start / prefill / decode / release) is what the server's scheduler
+drives: `decode` advances every running sequence by one token in one batched
+forward pass (one GEMM per weight matrix for all of them). The engine is not
+thread-safe: one thread drives it.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import cpu, profiler
+from .attention import ExactAttention
+from .errors import ContextLengthError, KVCacheFullError, ModelLoadError
+from .kv_cache import KV_KINDS, PagedKVCache, SequenceBlocks
+from .models import family_for
+from .models.base import Batch, Segment
+from .ops import kernels
+from .sampling import Sampler, SamplingParams, TextStream, log_softmax
+from .tokenizer import Tokenizer
+from .weights import WEIGHT_FORMATS, load_tensors
+
+__all__ = ["Engine", "Sequence", "TokenEvent", "ContextLengthError", "KVCacheFullError"]
+
+DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
+DEFAULT_MAX_CONTEXT = 32768
+
+
+@dataclass
+class TokenEvent:
+    """One generated token of one sequence."""
+
+    token_id: int
+    text: str                                  # new text (held back while a stop string may form)
+    finish_reason: str | None                  # None, "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, str, float]] | None = None
+    step_s: float = 0.0                        # wall time of the step that produced the token
+    prefill_s: float | None = None             # set on the first token: time spent on the prompt
+
+
+class Sequence:
+    """A prompt and its continuation; owns KV blocks until released."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer):
+        self.id = next(self._ids)
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.blocks = SequenceBlocks()
+        self.sampler = Sampler(params, self.prompt_ids)
+        self.text = TextStream(tokenizer, tuple(params.stop))
+        self.finish_reason: str | None = None
+        self.prefilled = False
+
+    @property
+    def n_context(self) -> int:
+        """Tokens in the KV cache."""
+        return self.blocks.length
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Work:
+    """Rows of one sequence in a forward pass."""
+
+    seq: Sequence
+    token_ids: list[int]
+    pos_start: int
+
+
+@dataclass
+class Engine:
+    model: object
+    config: object
+    tokenizer: Tokenizer
+    cache: PagedKVCache
+    weights: str
+    kv: str
+    threads: int
+    max_context: int
+    model_dir: Path
+    generation_defaults: dict = field(default_factory=dict)
+    prefill_chunk: int = 512
+    weight_bytes: int = 0
+
+    # ---- loading -----------------------------------------------------------
+    @classmethod
+    def load(cls, path=None, weights: str = "q8", kv: str = "q8", threads: int | None = None,
+             max_context: int | None = None, kv_cache_tokens: int | None = None,
+             sparse=None, prefill_chunk: int = 512, progress: bool = True) -> "Engine":
+        """Load a Hugging Face checkpoint directory (None: the embedded demo model)."""
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
+        if kv not in KV_KINDS:
+            raise ValueError(f"kv must be one of {', '.join(KV_KINDS)}, not {kv!r}")
+        model_dir = Path(path) if path is not None else DEMO_MODEL_DIR
+        if not model_dir.is_dir():
+            raise ModelLoadError(model_dir, "not a directory")
+        config_path = model_dir / "config.json"
+        try:
+            raw = json.loads(config_path.read_text())
+        except FileNotFoundError:
+            raise ModelLoadError(config_path, "missing config.json") from None
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(config_path, f"unreadable ({e})") from None
+        family = family_for(raw.get("model_type"), config_path)
+        cfg = family.Config.from_dict(raw, config_path)
+        gen = _read_generation_config(model_dir)
+        eos = gen.get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        tokenizer = Tokenizer(model_dir, eos_ids)
+
+        threads = _setup_threads(threads)
+        tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress)
+        model = family.Model(cfg, weights, tensors)
+        limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
+        cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kind=kv,
+                             capacity_tokens=max(kv_cache_tokens or limit, limit))
+        engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=cache, weights=weights, kv=kv,
+                     threads=threads, max_context=limit, model_dir=model_dir,
+                     generation_defaults=_sampling_defaults(gen),
+                     prefill_chunk=prefill_chunk,
+                     weight_bytes=sum(t.nbytes for t in tensors.values()))
+        engine._attention = ExactAttention(cache, cfg.head_dim)
+        engine._listeners = []
+        return engine
+
+    @property
+    def model_name(self) -> str:
+        return self.model_dir.name
+
+    def info(self) -> dict:
+        c = self.config
+        return {
+            "model": self.model_name, "model_type": type(self.model).__name__,
+            "layers": c.num_hidden_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "vocab": c.vocab_size,
+            "weights": self.weights, "kv": self.kv, "kernel_path": kernels.kernel_path(),
+            "threads": self.threads, "max_context": self.max_context,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token_per_layer": self.cache.bytes_per_token_per_layer,
+            "kv_blocks_total": self.cache.blocks_total, "kv_block_size": self.cache.block_size,
+        }
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.cache.blocks_total
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.cache.blocks_used
+
+    def add_stats_listener(self, fn) -> None:
+        self._listeners.append(fn)
+
+    def _emit(self, stats) -> None:
+        profiler.emit(stats)
+        for fn in self._listeners:
+            fn(stats)
+
+    # ---- the step API --------------------------------------------------------
+    def start(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) + 1 > self.max_context:
+            raise ContextLengthError(len(prompt_ids), self.max_context)
+        bad = [t for t in prompt_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        seq = Sequence(prompt_ids, params, self.tokenizer)
+        self.cache.reserve(seq.blocks, len(prompt_ids))   # all or nothing: fail before any work
+        return seq
+
+    def prefill(self, seq: Sequence) -> TokenEvent:
+        """Compute the prompt in chunks and sample the first token."""
+        t0 = time.perf_counter()
+        timer = profiler.StepTimer()
+        ids = seq.prompt_ids
+        for start in range(0, len(ids), self.prefill_chunk):
+            chunk = ids[start:start + self.prefill_chunk]
+            last = start + len(chunk) >= len(ids)
+            logits = self._forward([_Work(seq, chunk, start)], timer, rows="last" if last else "none")
+        total = time.perf_counter() - t0
+        seq.prefilled = True
+        self._emit(profiler.PrefillStats(n_tokens=len(ids), n_context=seq.n_context, total_s=total,
+                                         gemm_s=timer.gemm_s, attn_s=timer.attn_s))
+        event = self._accept(seq, logits[0], total)
+        event.prefill_s = total
+        return event
+
+    def decode(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        """One token for each running sequence, in one batched forward pass."""
+        live = [s for s in seqs if not s.done]
+        if not live:
+            return []
+        t0 = time.perf_counter()
+        timer = profiler.StepTimer()
+        work = [_Work(s, [s.output_ids[-1]], s.n_context) for s in live]
+        logits = self._forward(work, timer, rows="last")
+        total = time.perf_counter() - t0
+        contexts = [s.n_context for s in live]
+        self._emit(profiler.DecodeStats(batch=len(live), n_context=max(contexts), total_s=total,
+                                        gemm_s=timer.gemm_s, attn_s=timer.attn_s, contexts=contexts))
+        return [self._accept(s, row, total) for s, row in zip(live, logits)]
+
+    def release(self, seq: Sequence) -> None:
+        self.cache.release(seq.blocks)
+        if seq.finish_reason is None:
+            seq.finish_reason = "abort"
+
+    # ---- whole generations -------------------------------------------------
+    def generate(self, prompt, stream: bool = True, **sampling):
+        """Generate from a prompt string, token ids, or chat messages ([{"role", "content"}]).
+
+        stream=True: an iterator of TokenEvent. stream=False: a dict with the text,
+        token ids, finish reason and timings.
+        """
+        events = self._generate(prompt, **sampling)
+        if stream:
+            return events
+        out = list(events)
+        first = out[0]
+        decode_s = sum(e.step_s for e in out[1:])
+        return {"text": "".join(e.text for e in out), "token_ids": [e.token_id for e in out],
+                "finish_reason": out[-1].finish_reason, "prompt_tokens": first.prompt_tokens,
+                "completion_tokens": out[-1].completion_tokens, "prefill_s": first.prefill_s,
+                "decode_ms_per_token": 1e3 * decode_s / max(1, len(out) - 1)}
+
+    def _generate(self, prompt, **sampling):
+        ids = self.encode_prompt(prompt)
+        params = self.sampling_params(**sampling)
+        seq = self.start(ids, params)
+        try:
+            event = self.prefill(seq)
+            yield event
+            while not seq.done:
+                event, = self.decode([seq])
+                yield event
+        finally:
+            self.release(seq)
+
+    def encode_prompt(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))
+        return [int(t) for t in prompt]
+
+    def sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams from the checkpoint's generation_config, then the caller's values."""
+        values = dict(self.generation_defaults)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingParams(**values)
+
+    def logits(self, token_ids) -> np.ndarray:
+        """float32[len(token_ids), vocab]: every position's logits, one pass from an empty cache."""
+        ids = [int(t) for t in token_ids]
+        seq = self.start(ids, SamplingParams(max_tokens=1))
+        timer = profiler.StepTimer()
+        try:
+            rows = [self._forward([_Work(seq, ids[s:s + self.prefill_chunk], s)], timer, rows="all")
+                    for s in range(0, len(ids), self.prefill_chunk)]
+        finally:
+            self.release(seq)
+        return np.concatenate(rows, axis=0)
+
+    # ---- internals -----------------------------------------------------------
+    def _forward(self, work: list[_Work], timer, rows: str) -> np.ndarray:
+        """Run rows of several sequences through the model; logits of the rows asked for."""
+        segments, tokens, positions, row = [], [], [], 0
+        for w in work:
+            n = len(w.token_ids)
+            self.cache.reserve(w.seq.blocks, w.pos_start + n)
+            w.seq.blocks.length = w.pos_start + n
+            table, blockpos, count = w.seq.blocks.views(self.cache.block_size)
+            qpos = np.arange(w.pos_start, w.pos_start + n, dtype=np.int32)
+            segments.append(Segment(w.seq.blocks, row, row + n, w.pos_start, table, blockpos, count, qpos))
+            tokens += w.token_ids
+            positions.append(qpos)
+            row += n
+        batch = Batch(np.asarray(tokens, dtype=np.intp), np.concatenate(positions), segments)
+        hidden = self.model.forward(batch, self._attention, timer)
+        if rows == "none":
+            return hidden[:0]
+        if rows == "last":
+            hidden = hidden[[s.row_end - 1 for s in segments]]
+        return self.model.logits(hidden, timer)
+
+    def _accept(self, seq: Sequence, logits: np.ndarray, step_s: float) -> TokenEvent:
+        """Sample from one row of logits, update the sequence, say what the user sees."""
+        token = seq.sampler(logits)
+        seq.output_ids.append(token)
+        p = seq.params
+        logprob = top = None
+        if p.logprobs is not None:
+            lp = log_softmax(logits)
+            logprob = float(lp[token])
+            if p.logprobs:
+                best = np.argsort(-lp, kind="stable")[: p.logprobs]
+                top = [(int(t), self.tokenizer.decode([int(t)], skip_special_tokens=False), float(lp[t]))
+                       for t in best]
+        is_eos = token in self.tokenizer.eos_token_ids and not p.ignore_eos
+        text = "" if is_eos else seq.text.push(token)
+        if is_eos or seq.text.stopped:
+            seq.finish_reason = "stop"
+        elif len(seq.output_ids) >= p.max_tokens or seq.n_context + 1 >= self.max_context:
+            seq.finish_reason = "length"
+        if seq.finish_reason and not seq.text.stopped:
+            text += seq.text.flush()
+        return TokenEvent(token_id=token, text=text, finish_reason=seq.finish_reason,
+                          prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                          logprob=logprob, top_logprobs=top, step_s=step_s)
+
+
+def _read_generation_config(model_dir: Path) -> dict:
+    path = model_dir / "generation_config.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise ModelLoadError(path, f"invalid JSON ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _sampling_defaults(gen: dict) -> dict:
+    """The sampling settings a checkpoint ships in generation_config.json."""
+    values = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+              if gen.get(k) is not None}
+    if gen.get("do_sample") is False:
+        values["temperature"] = 0.0
+    return values
+
+
+def _setup_threads(threads: int | None) -> int:
+    """Default: one thread per big core, and the process pinned to those cores."""
+    big = cpu.big_cores()
+    n = threads or len(big)
+    if n <= len(big):
+        cpu.pin_to(big)
+    kernels.set_threads(n)
+    return n

@@ -1,0 +1,134 @@
+"""Paged KV cache: a pool of fixed-size blocks shared by all sequences.
+
+Per layer the pool holds, head-major inside each block (bs = block_size tokens):
+  q8 : k int8[nblk, n_kv, bs, hd],      k_scale float32[nblk, n_kv, bs]        (per token, head)
+  q4 : k uint8[nblk, n_kv, bs, hd/2],   k_scale float32[nblk, n_kv, bs, hd/32] (Q4_0 blocks)
+  f32: k float32[nblk, n_kv, bs, hd]    (a debugging probe)
+and the same for V. All layers live in one array per field ([n_layers, ...]), made
+with np.zeros so the OS commits pages only as blocks are first written.
+
+A sequence owns a list of physical block ids (its block table); logical block i
+holds positions [i*bs, (i+1)*bs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import quant
+from .errors import KVCacheFullError
+
+KV_KINDS = ("q8", "q4", "f32")
+
+
+def bytes_per_token_per_layer(kind: str, n_kv: int, head_dim: int) -> int:
+    """KV bytes one token costs in one layer (K and V with their scales)."""
+    if kind == "q8":
+        return 2 * n_kv * (head_dim + 4)
+    if kind == "q4":
+        return 2 * n_kv * (head_dim // 2 + 4 * (head_dim // quant.QK))
+    if kind == "f32":
+        return 2 * n_kv * head_dim * 4
+    raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_KINDS)})")
+
+
+@dataclass
+class SequenceBlocks:
+    """The KV blocks of one sequence and how many positions are filled."""
+
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0
+
+    def views(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(table, blockpos, count) int32 arrays for the attention kernels, all blocks in order."""
+        n = len(self.blocks)
+        table = np.asarray(self.blocks, dtype=np.int32)
+        blockpos = np.arange(n, dtype=np.int32)
+        count = np.full(n, block_size, dtype=np.int32)
+        if n:
+            count[-1] = self.length - (n - 1) * block_size
+        return table, blockpos, count
+
+
+class PagedKVCache:
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, kind: str = "q8",
+                 block_size: int = 32, capacity_tokens: int = 4096):
+        if kind not in KV_KINDS:
+            raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_KINDS)})")
+        if kind == "q4" and head_dim % quant.QK:
+            raise ValueError(f"q4 KV needs head_dim divisible by {quant.QK}, got {head_dim}")
+        self.kind, self.n_layers, self.n_kv, self.head_dim = kind, n_layers, n_kv, head_dim
+        self.block_size = block_size
+        self.n_blocks = -(-capacity_tokens // block_size)
+        shape = (n_layers, self.n_blocks, n_kv, block_size)
+        if kind == "q8":
+            self.k = np.zeros(shape + (head_dim,), np.int8)
+            self.v = np.zeros(shape + (head_dim,), np.int8)
+            self.k_scale = np.zeros(shape, np.float32)
+            self.v_scale = np.zeros(shape, np.float32)
+        elif kind == "q4":
+            self.k = np.zeros(shape + (head_dim // 2,), np.uint8)
+            self.v = np.zeros(shape + (head_dim // 2,), np.uint8)
+            self.k_scale = np.zeros(shape + (head_dim // quant.QK,), np.float32)
+            self.v_scale = np.zeros(shape + (head_dim // quant.QK,), np.float32)
+        else:
+            self.k = np.zeros(shape + (head_dim,), np.float32)
+            self.v = np.zeros(shape + (head_dim,), np.float32)
+            self.k_scale = self.v_scale = None
+        # Lowest ids first: a fresh pool fills from the start of the arrays.
+        self._free = list(range(self.n_blocks - 1, -1, -1))
+
+    # ---- accounting -------------------------------------------------------
+    @property
+    def blocks_total(self) -> int:
+        return self.n_blocks
+
+    @property
+    def blocks_used(self) -> int:
+        return self.n_blocks - len(self._free)
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return bytes_per_token_per_layer(self.kind, self.n_kv, self.head_dim)
+
+    def blocks_needed(self, seq: SequenceBlocks, new_length: int) -> int:
+        return max(0, -(-new_length // self.block_size) - len(seq.blocks))
+
+    # ---- allocation -------------------------------------------------------
+    def reserve(self, seq: SequenceBlocks, new_length: int) -> None:
+        """Make sure `seq` has blocks for `new_length` positions (all or nothing)."""
+        need = self.blocks_needed(seq, new_length)
+        if need > len(self._free):
+            raise KVCacheFullError(f"KV cache full: {need} more blocks needed, {len(self._free)} free "
+                                   f"of {self.n_blocks}")
+        for _ in range(need):
+            seq.blocks.append(self._free.pop())
+
+    def release(self, seq: SequenceBlocks) -> None:
+        self._free.extend(reversed(seq.blocks))
+        seq.blocks.clear()
+        seq.length = 0
+
+    # ---- writes -----------------------------------------------------------
+    def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store k, v float32[T, n_kv, hd] at positions start..start+T-1 of `seq` in `layer`."""
+        t = k.shape[0]
+        pos = np.arange(start, start + t)
+        blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // self.block_size]
+        offsets = pos % self.block_size
+        # Fancy indexes (blocks, :, offsets) put the token axis first: [T, n_kv, ...].
+        if self.kind == "q8":
+            kq, kd = quant.quantize_kv_q8(k)
+            vq, vd = quant.quantize_kv_q8(v)
+        elif self.kind == "q4":
+            kq, kd = quant.quantize_kv_q4(k)
+            vq, vd = quant.quantize_kv_q4(v)
+        else:
+            self.k[layer][blocks, :, offsets] = k
+            self.v[layer][blocks, :, offsets] = v
+            return
+        self.k[layer][blocks, :, offsets] = kq
+        self.v[layer][blocks, :, offsets] = vq
+        self.k_scale[layer][blocks, :, offsets] = kd
+        self.v_scale[layer][blocks, :, offsets] = vd

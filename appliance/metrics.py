@@ -1,0 +1,228 @@
+"""Stats objects -> Prometheus series. The only module that knows prometheus-client.
+
+Inputs are plain objects: the engine's PrefillStats / DecodeStats (appliance.profiler),
+the scheduler's RequestStats / StepTokens and SchedulerState, and the thermal
+monitor's snapshots. Names follow Prometheus conventions: `appliance_` prefix, base
+units (seconds, hertz, celsius, ratio), `_total` on counters, explicit buckets.
+"""
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
+                               CONTENT_TYPE_LATEST, GCCollector, PlatformCollector, ProcessCollector)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from appliance.profiler import DecodeStats, PrefillStats
+from appliance.scheduler import OUTCOMES, RequestStats, StepTokens
+
+DECODE_TOKEN_BUCKETS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+                        0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
+RATIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0,
+                   100.0, 200.0, 400.0)
+REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
+                   640.0, 1200.0)
+CONTEXT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+# Outcomes beyond the scheduler's: refused at the door (503) and rejected as invalid (4xx).
+REQUEST_OUTCOMES = OUTCOMES + ("rejected", "invalid")
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class _LiveCollector:
+    """Gauges read at scrape time from the scheduler state and the thermal monitor."""
+
+    def __init__(self, owner: "Metrics"):
+        self.owner = owner
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from self._scheduler()
+        yield from self._thermal()
+
+    def _scheduler(self):
+        sched = self.owner.scheduler
+        state = sched.state if sched is not None else None
+        running = GaugeMetricFamily("appliance_requests_running", "Requests decoding now.")
+        waiting = GaugeMetricFamily("appliance_requests_waiting", "Requests queued for a decode slot.")
+        used = GaugeMetricFamily("appliance_kv_cache_used_blocks", "KV cache blocks in use.")
+        total = GaugeMetricFamily("appliance_kv_cache_capacity_blocks", "KV cache blocks in the pool.")
+        usage = GaugeMetricFamily("appliance_kv_cache_usage_ratio", "Share of KV cache blocks in use.")
+        ctx = GaugeMetricFamily("appliance_running_context_max_tokens",
+                                "Longest context among running requests, in tokens.")
+        ctx_sum = GaugeMetricFamily("appliance_running_context_tokens",
+                                    "Context tokens held by all running requests together.")
+        if state is not None:
+            running.add_metric([], state.running)
+            waiting.add_metric([], state.waiting)
+            used.add_metric([], state.kv_blocks_used)
+            total.add_metric([], state.kv_blocks_total)
+            usage.add_metric([], state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
+            ctx.add_metric([], max(state.contexts, default=0))
+            ctx_sum.add_metric([], sum(state.contexts))
+        yield from (running, waiting, used, total, usage, ctx, ctx_sum)
+
+    def _thermal(self):
+        monitor = self.owner.thermal
+        snap = monitor.snapshot() if monitor is not None else None
+        temp = GaugeMetricFamily("appliance_thermal_zone_temperature_celsius",
+                                 "Thermal zone temperature (zone = sysfs type).", labels=["zone"])
+        cur = GaugeMetricFamily("appliance_cpu_frequency_hertz",
+                                "Current CPU frequency per cpufreq policy.", labels=["policy", "cpus"])
+        cap = GaugeMetricFamily("appliance_cpu_frequency_max_hertz",
+                                "Maximum CPU frequency in force (scaling_max_freq) per policy.",
+                                labels=["policy", "cpus"])
+        hw = GaugeMetricFamily("appliance_cpu_frequency_hardware_max_hertz",
+                               "Hardware maximum CPU frequency (cpuinfo_max_freq) per policy.",
+                               labels=["policy", "cpus"])
+        thr = GaugeMetricFamily("appliance_cpu_throttled",
+                                "1 while the policy is throttled (held below max while busy, "
+                                "or a passive trip point crossed).", labels=["policy", "cpus"])
+        secs = CounterMetricFamily("appliance_cpu_throttled_seconds",
+                                   "Seconds the policy spent throttled.", labels=["policy", "cpus"])
+        up = GaugeMetricFamily("appliance_thermal_throttled",
+                               "1 while any CPU policy is throttled.")
+        if snap is not None:
+            for z in snap.zones:
+                if z.temp_c is not None:          # a missing sensor is unknown: no sample
+                    temp.add_metric([z.name], z.temp_c)
+            seconds = dict(monitor.throttled_seconds)
+            for p in snap.policies:
+                labels = [p.name, p.cluster]
+                if p.cur_hz is not None:
+                    cur.add_metric(labels, p.cur_hz)
+                if p.max_hz is not None:
+                    cap.add_metric(labels, p.max_hz)
+                if p.hw_max_hz is not None:
+                    hw.add_metric(labels, p.hw_max_hz)
+                thr.add_metric(labels, 1.0 if p.throttled else 0.0)
+                secs.add_metric(labels, seconds.get(p.name, 0.0))
+            up.add_metric([], 1.0 if snap.throttled else 0.0)
+        yield from (temp, cur, cap, hw, thr, secs, up)
+
+
+class Metrics:
+    """Owns one registry (so several apps can live in one test process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, process_metrics: bool = True):
+        r = self.registry = registry or CollectorRegistry()
+        self.scheduler = None
+        self.thermal = None
+        if process_metrics:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self.decode_token = Histogram(
+            "appliance_decode_token_seconds",
+            "Decode time per output token: the step time each running sequence waited for its token.",
+            buckets=DECODE_TOKEN_BUCKETS, registry=r)
+        self.decode_attention = Histogram(
+            "appliance_decode_attention_ratio", "Share of a decode step spent in attention.",
+            buckets=RATIO_BUCKETS, registry=r)
+        self.decode_attention_last = Gauge(
+            "appliance_decode_attention_last_ratio", "Attention share of the latest decode step.",
+            registry=r)
+        self.decode_batch = Histogram(
+            "appliance_decode_batch_size", "Sequences decoded together per step.",
+            buckets=BATCH_BUCKETS, registry=r)
+        self.decode_context = Histogram(
+            "appliance_decode_context_tokens", "Context length of each decoded sequence, per step.",
+            buckets=CONTEXT_BUCKETS, registry=r)
+        self.prefill = Histogram(
+            "appliance_prefill_seconds", "Prefill time (one prompt, or one chunk of it).",
+            buckets=PREFILL_BUCKETS, registry=r)
+        self.prefill_attention = Histogram(
+            "appliance_prefill_attention_ratio", "Share of a prefill spent in attention.",
+            buckets=RATIO_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "appliance_time_to_first_token_seconds", "Request arrival to its first token.",
+            buckets=PREFILL_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "appliance_request_queue_seconds", "Request arrival to a decode slot.",
+            buckets=REQUEST_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            "appliance_request_duration_seconds", "Request arrival to its last token (end to end).",
+            buckets=REQUEST_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "appliance_prompt_tokens", "Prompt tokens prefilled.", registry=r)
+        self.generated_tokens = Counter(
+            "appliance_generation_tokens", "Tokens generated.", registry=r)
+        self.requests = Counter(
+            "appliance_requests", "Requests by outcome.", labelnames=["outcome"], registry=r)
+        for outcome in REQUEST_OUTCOMES:
+            self.requests.labels(outcome)
+        self.model_info = Gauge(
+            "appliance_model_info", "The served model and engine settings (value 1).",
+            labelnames=["model", "weights", "kv", "kernel_path", "threads", "max_context",
+                        "params", "sparse_attn"], registry=r)
+        self.build_info = Gauge(
+            "appliance_build_info", "Versions of the running server (value 1).",
+            labelnames=["version", "python", "gunicorn", "machine"], registry=r)
+        self.build_info.labels(_version("appliance"), platform.python_version(),
+                               _version("gunicorn"), platform.machine()).set(1)
+        self.loaded = Gauge("appliance_model_loaded", "1 once the model is loaded and serving.",
+                            registry=r)
+        r.register(_LiveCollector(self))
+
+    # ---- wiring --------------------------------------------------------------
+
+    def bind(self, scheduler=None, thermal=None) -> None:
+        if scheduler is not None:
+            self.scheduler = scheduler
+        if thermal is not None:
+            self.thermal = thermal
+
+    def set_model(self, name: str, info: dict) -> None:
+        def s(key):
+            v = info.get(key)
+            return "" if v is None else str(v)
+        self.model_info.labels(name, s("weights"), s("kv"), s("kernel_path"), s("threads"),
+                               s("max_context"), s("params"), s("sparse")).set(1)
+        self.loaded.set(1)
+
+    # ---- inputs ---------------------------------------------------------------
+
+    def observe(self, stats) -> None:
+        """Any stats object from the engine or the scheduler."""
+        if isinstance(stats, DecodeStats):
+            n = max(1, stats.batch)
+            for _ in range(n):
+                self.decode_token.observe(stats.total_s)
+            self.decode_attention.observe(stats.attn_share)
+            self.decode_attention_last.set(stats.attn_share)
+            self.decode_batch.observe(stats.batch)
+            for c in stats.contexts or [stats.n_context]:
+                self.decode_context.observe(c)
+        elif isinstance(stats, PrefillStats):
+            self.prefill.observe(stats.total_s)
+            self.prefill_attention.observe(stats.attn_share)
+        elif isinstance(stats, StepTokens):
+            if stats.prompt_tokens:
+                self.prompt_tokens.inc(stats.prompt_tokens)
+            if stats.generated_tokens:
+                self.generated_tokens.inc(stats.generated_tokens)
+        elif isinstance(stats, RequestStats):
+            self.requests.labels(stats.outcome).inc()
+            self.queue_time.observe(stats.queue_s)
+            if stats.ttft_s is not None:
+                self.ttft.observe(stats.ttft_s)
+            if stats.outcome in ("stop", "length"):
+                self.e2e.observe(stats.e2e_s)
+
+    def count(self, outcome: str) -> None:
+        """Requests that never reached the scheduler: 'rejected' (503) or 'invalid' (4xx)."""
+        self.requests.labels(outcome).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+

@@ -1,0 +1,17 @@
+"""Model families by config.json's model_type. Adding a family adds a file and a line here."""
+from __future__ import annotations
+
+from ..errors import ModelLoadError
+from . import qwen3
+
+FAMILIES = {
+    "qwen3": qwen3,
+}
+
+
+def family_for(model_type: str | None, config_path):
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        known = ", ".join(sorted(FAMILIES))
+        raise ModelLoadError(config_path, f"unknown model_type {model_type!r} (supported: {known})") from None

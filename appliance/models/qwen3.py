@@ -1,0 +1,177 @@
+"""Qwen3 dense: config, checkpoint-name mapping, forward pass.
+
+Per layer: RMSNorm -> fused q/k/v projection -> per-head RMSNorm of q and k ->
+RoPE (rotate-half) -> KV cache write -> attention -> o_proj -> residual;
+RMSNorm -> fused gate/up -> SiLU(gate) * up -> down_proj -> residual.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..linear import Embedding, Linear
+from ..ops import kernels
+from .base import Batch, TensorSpec, config_error
+
+
+@dataclass
+class Qwen3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict, path) -> "Qwen3Config":
+        """Read a Hugging Face config.json; rope_theta may sit at top level or in rope_parameters."""
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise config_error(path, f"rope type {rope_type!r} is not supported (only default RoPE)")
+        if d.get("use_sliding_window"):
+            raise config_error(path, "sliding-window attention is not supported")
+        try:
+            heads = int(d["num_attention_heads"])
+            cfg = cls(
+                hidden_size=int(d["hidden_size"]),
+                intermediate_size=int(d["intermediate_size"]),
+                num_hidden_layers=int(d["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+                head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+                vocab_size=int(d["vocab_size"]),
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 1_000_000.0))),
+                max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                attention_bias=bool(d.get("attention_bias", False)),
+            )
+        except KeyError as e:
+            raise config_error(path, f"missing key {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise config_error(path, f"bad value ({e})") from None
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise config_error(path, f"num_attention_heads {cfg.num_attention_heads} is not a multiple "
+                                     f"of num_key_value_heads {cfg.num_key_value_heads}")
+        for name in ("hidden_size", "intermediate_size", "head_dim"):
+            if getattr(cfg, name) % 32:
+                raise config_error(path, f"{name} {getattr(cfg, name)} is not a multiple of 32 "
+                                         f"(the quantization block)")
+        return cfg
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+def tensor_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
+    """Our tensors and the checkpoint tensors they come from (fused projections concatenate rows)."""
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    plan = [TensorSpec("embed", "embedding", [prefix + "embed_tokens.weight"], (cfg.vocab_size, h)),
+            TensorSpec("norm", "vector", [prefix + "norm.weight"], (h,))]
+    if not cfg.tie_word_embeddings:
+        plan.append(TensorSpec("lm_head", "linear", ["lm_head.weight"], (cfg.vocab_size, h),
+                               at_least_q8=True))
+    for i in range(cfg.num_hidden_layers):
+        p = f"{prefix}layers.{i}."
+        a = p + "self_attn."
+        plan += [
+            TensorSpec(f"{i}.attn_norm", "vector", [p + "input_layernorm.weight"], (h,)),
+            TensorSpec(f"{i}.mlp_norm", "vector", [p + "post_attention_layernorm.weight"], (h,)),
+            TensorSpec(f"{i}.q_norm", "vector", [a + "q_norm.weight"], (cfg.head_dim,)),
+            TensorSpec(f"{i}.k_norm", "vector", [a + "k_norm.weight"], (cfg.head_dim,)),
+            TensorSpec(f"{i}.qkv", "linear", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+                       (cfg.q_dim + 2 * cfg.kv_dim, h)),
+            TensorSpec(f"{i}.o", "linear", [a + "o_proj.weight"], (h, cfg.q_dim)),
+            TensorSpec(f"{i}.gate_up", "linear", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                       (2 * f, h)),
+            TensorSpec(f"{i}.down", "linear", [p + "mlp.down_proj.weight"], (h, f)),
+        ]
+        if cfg.attention_bias:
+            plan.append(TensorSpec(f"{i}.qkv_bias", "vector",
+                                   [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"],
+                                   (cfg.q_dim + 2 * cfg.kv_dim,)))
+    return plan
+
+
+class Qwen3Layer:
+    def __init__(self, cfg: Qwen3Config, i: int, kind: str, t: dict):
+        self.cfg, self.index = cfg, i
+        self.attn_norm, self.mlp_norm = t[f"{i}.attn_norm"], t[f"{i}.mlp_norm"]
+        self.q_norm, self.k_norm = t[f"{i}.q_norm"], t[f"{i}.k_norm"]
+        self.qkv = Linear.from_tensors(kind, t, f"{i}.qkv", bias=t.get(f"{i}.qkv_bias"))
+        self.o = Linear.from_tensors(kind, t, f"{i}.o")
+        self.gate_up = Linear.from_tensors(kind, t, f"{i}.gate_up")
+        self.down = Linear.from_tensors(kind, t, f"{i}.down")
+
+    def forward(self, h: np.ndarray, batch: Batch, attention, timer) -> None:
+        """Update the residual stream h float32[M, hidden] in place."""
+        cfg = self.cfg
+        m, hd = h.shape[0], cfg.head_dim
+        x = kernels.rmsnorm(h, self.attn_norm, cfg.rms_norm_eps)
+        with timer.gemm():
+            qkv = self.qkv(x)                                    # [M, q_dim + 2*kv_dim]
+        q = kernels.rmsnorm(np.ascontiguousarray(qkv[:, :cfg.q_dim]).reshape(-1, hd),
+                            self.q_norm, cfg.rms_norm_eps).reshape(m, cfg.num_attention_heads, hd)
+        k = kernels.rmsnorm(np.ascontiguousarray(qkv[:, cfg.q_dim:cfg.q_dim + cfg.kv_dim]).reshape(-1, hd),
+                            self.k_norm, cfg.rms_norm_eps).reshape(m, cfg.num_key_value_heads, hd)
+        v = qkv[:, cfg.q_dim + cfg.kv_dim:].reshape(m, cfg.num_key_value_heads, hd)
+        kernels.rope(q, batch.positions, batch.inv_freq)
+        kernels.rope(k, batch.positions, batch.inv_freq)
+        with timer.attn():
+            a = attention(self.index, q, k, v, batch)             # [M, q_dim]
+        with timer.gemm():
+            h += self.o(a)
+        x = kernels.rmsnorm(h, self.mlp_norm, cfg.rms_norm_eps)
+        with timer.gemm():
+            gu = self.gate_up(x)                                 # [M, 2*intermediate]
+        f = cfg.intermediate_size
+        act = kernels.silu_mul(np.ascontiguousarray(gu[:, :f]), np.ascontiguousarray(gu[:, f:]))
+        with timer.gemm():
+            h += self.down(act)
+
+
+class Qwen3Model:
+    """Embedding, decoder layers and head; attention is passed in (exact or sparse, any KV kind)."""
+
+    config_class = Qwen3Config
+
+    def __init__(self, cfg: Qwen3Config, kind: str, tensors: dict):
+        self.cfg = cfg
+        self.embed = Embedding("f32" if kind == "f32" else "q8", tensors, "embed")
+        self.norm = tensors["norm"]
+        self.layers = [Qwen3Layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
+        self.lm_head = (self.embed.as_linear() if cfg.tie_word_embeddings
+                        else Linear.from_tensors("f32" if kind == "f32" else "q8", tensors, "lm_head"))
+        half = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
+        self.inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** half)).astype(np.float32)
+
+    def forward(self, batch: Batch, attention, timer) -> np.ndarray:
+        """Hidden states float32[M, hidden] after the final norm, for every row of the batch."""
+        batch.inv_freq = self.inv_freq
+        h = self.embed.lookup(batch.token_ids)
+        for layer in self.layers:
+            layer.forward(h, batch, attention, timer)
+        return kernels.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
+
+    def logits(self, hidden: np.ndarray, timer) -> np.ndarray:
+        with timer.gemm():
+            return self.lm_head(np.ascontiguousarray(hidden))
+
+
+# The family interface the loader uses (same names in every family file).
+Config = Qwen3Config
+Model = Qwen3Model

@@ -1,0 +1,29 @@
+"""The kernel module the engine calls: the compiled one, or (APPLIANCE_KERNELS=numpy) its numpy twin.
+
+Everything numeric in the forward pass goes through `ops.kernels`, so swapping
+paths never touches model code.
+"""
+from __future__ import annotations
+
+import os
+
+from .errors import ApplianceError
+
+
+def _load():
+    if os.environ.get("APPLIANCE_KERNELS") == "numpy":
+        from . import reference_ops
+        return reference_ops
+    try:
+        from . import _kernels
+    except ImportError as e:
+        raise ApplianceError(f"the compiled kernels are not built ({e}); run `make build`") from None
+    if not _kernels.cpu_supported():
+        raise ApplianceError(
+            f"this CPU lacks the instructions the kernels were built for (path {_kernels.kernel_path()}, "
+            f"CPU features: {_kernels.cpu_features() or 'none found'}); rebuild on this machine "
+            f"(`make build`, or APPLIANCE_PORTABLE=1 for the portable path)")
+    return _kernels
+
+
+kernels = _load()

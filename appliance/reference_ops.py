@@ -1,0 +1,130 @@
+"""Numpy twins of the compiled kernels, with the same signatures as appliance._kernels.
+
+They define what the kernels compute (tests hold both paths to them) and let the
+engine run where the extension is not built (APPLIANCE_KERNELS=numpy), slowly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import quant
+
+
+def quantize_rows_q8(x, path="simd"):
+    return quant.quantize_rows_q8(x)
+
+
+def gemm_q8(wq, wd, xq, xd, out=None, path="simd", threads=0):
+    y = quant.gemm_q8_reference(wq, wd, xq, xd)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
+def gemm_q4(wq, wd, xq, xd, out=None, path="simd", threads=0):
+    return gemm_q8(quant.unpack_q4(wq), wd, xq, xd, out=out)
+
+
+def rmsnorm(x, w, eps, out=None, path="simd"):
+    x64 = x.astype(np.float32)
+    y = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + np.float32(eps)) * w
+    if out is not None:
+        out[...] = y
+        return out
+    return y.astype(np.float32)
+
+
+def rope(x, pos, inv_freq, path="simd"):
+    half = x.shape[-1] // 2
+    angle = pos.astype(np.float32)[:, None] * inv_freq[None, :]       # [M, hd/2]
+    c = np.cos(angle)[:, None, :]
+    s = np.sin(angle)[:, None, :]
+    x0 = x[..., :half].copy()
+    x1 = x[..., half:].copy()
+    x[..., :half] = x0 * c - x1 * s
+    x[..., half:] = x1 * c + x0 * s
+
+
+def silu_mul(gate, up, out=None, path="simd"):
+    y = gate / (np.float32(1.0) + np.exp(-gate)) * up
+    if out is not None:
+        out[...] = y
+        return out
+    return y.astype(np.float32)
+
+
+def _dequantize_kv(k, ks, kind):
+    if kind == "q8":
+        return k.astype(np.float32) * ks[..., None]
+    if kind == "q4":
+        vals = quant.unpack_q4(k).astype(np.float32)
+        shape = vals.shape
+        return (vals.reshape(*shape[:-1], -1, quant.QK) * ks[..., None]).reshape(shape)
+    return k
+
+
+def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out):
+    t_len, hq, hd = q.shape
+    n_kv = k.shape[1]
+    bs = k.shape[2]
+    group = hq // n_kv
+    if kind != "f32":
+        qq, qd = quant.quantize_rows_q8(q.reshape(-1, hd))
+        q = (qq.reshape(-1, hd // quant.QK, quant.QK) * qd[..., None]).reshape(q.shape)
+    table = np.asarray(table)
+    if table.ndim == 1:
+        table, blockpos, count = (np.broadcast_to(a, (n_kv, a.shape[0])) for a in (table, blockpos, count))
+    result = np.zeros((t_len, hq, hd), np.float32) if out is None else out
+    for h in range(n_kv):
+        rows_k, rows_v, positions = [], [], []
+        for b, lb, c in zip(table[h], blockpos[h], count[h]):
+            rows_k.append(k[b, h, :c])
+            rows_v.append(v[b, h, :c])
+            positions.append(lb * bs + np.arange(c))
+        kh, vh, ph = np.concatenate(rows_k), np.concatenate(rows_v), np.concatenate(positions)
+        for t in range(t_len):
+            visible = ph <= qpos[t]
+            for j in range(h * group, (h + 1) * group):
+                s = (kh[visible] @ q[t, j]) * scale
+                w = np.exp(s - s.max())
+                result[t, j] = (w @ vh[visible]) / w.sum()
+    return result
+
+
+def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
+    return _attention(q, _dequantize_kv(k, ks, "q8"), _dequantize_kv(v, vs, "q8"),
+                      table, blockpos, count, qpos, scale, "q8", out)
+
+
+def attention_q4(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
+    return _attention(q, _dequantize_kv(k, ks, "q4"), _dequantize_kv(v, vs, "q4"),
+                      table, blockpos, count, qpos, scale, "q4", out)
+
+
+def attention_f32(q, k, v, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
+    return _attention(q, k, v, table, blockpos, count, qpos, scale, "f32", out)
+
+
+_threads = 1
+
+
+def set_threads(n):
+    global _threads
+    _threads = int(n)
+
+
+def get_threads():
+    return _threads
+
+
+def kernel_path():
+    return "numpy"
+
+
+def cpu_supported():
+    return True
+
+
+def cpu_features():
+    return ""

@@ -1,0 +1,127 @@
+"""Safetensors files, memory-mapped: names -> numpy views, no copies.
+
+Format: u64 little-endian header length, a JSON header
+{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+then the raw tensor bytes (offsets relative to the end of the header).
+We parse it ourselves so that every defect (truncation, bad JSON, offsets out of
+range) becomes a one-line ModelLoadError naming the file, and so that tensors
+stay views into one read-only mmap per file.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelLoadError
+
+DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+NUMPY_TO_SAFETENSORS = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                        np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8",
+                        np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class SafetensorsFile:
+    """One mapped file. `tensor(name)` returns a read-only view; BF16 comes back as uint16 bits."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = self.path.stat().st_size
+                if size < 8:
+                    raise ModelLoadError(self.path, f"truncated safetensors file ({size} bytes)")
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                if header_len > MAX_HEADER or 8 + header_len > size:
+                    raise ModelLoadError(self.path, f"corrupt safetensors header (length {header_len} "
+                                                    f"in a file of {size} bytes)")
+                try:
+                    header = json.loads(f.read(header_len))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise ModelLoadError(self.path, f"corrupt safetensors header ({e})") from None
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as e:
+            raise ModelLoadError(self.path, e.strerror or str(e)) from None
+        if not isinstance(header, dict):
+            raise ModelLoadError(self.path, "corrupt safetensors header (not a JSON object)")
+        self.metadata: dict = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + header_len
+        self._entries = header
+        self._buffer = memoryview(self._map)
+        data_len = size - self._data_start
+        for name, entry in header.items():
+            self._check_entry(name, entry, data_len)
+
+    def _check_entry(self, name: str, entry, data_len: int) -> None:
+        try:
+            dtype = np.dtype(DTYPES[entry["dtype"]])
+            shape = [int(d) for d in entry["shape"]]
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelLoadError(self.path, f"tensor {name!r} has an unreadable header entry {entry!r}") from None
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if end - begin != expected or begin < 0:
+            raise ModelLoadError(self.path, f"tensor {name!r}: {end - begin} bytes for shape {shape}")
+        if end > data_len:
+            raise ModelLoadError(self.path, f"truncated: tensor {name!r} ends at byte {end} "
+                                            f"but the file holds {data_len} data bytes")
+
+    def keys(self):
+        return self._entries.keys()
+
+    def dtype_name(self, name: str) -> str:
+        return self._entries[name]["dtype"]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name]["shape"])
+
+    def tensor(self, name: str) -> np.ndarray:
+        entry = self._entries[name]
+        begin, end = entry["data_offsets"]
+        dtype = DTYPES[entry["dtype"]]
+        raw = self._buffer[self._data_start + begin: self._data_start + end]
+        return np.frombuffer(raw, dtype=dtype).reshape(entry["shape"])
+
+
+def to_float32(array: np.ndarray, dtype_name: str) -> np.ndarray:
+    """A tensor as float32 (a new array). BF16 bits are widened exactly as torch does."""
+    if dtype_name == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(array, dtype=np.float32).copy() if array.dtype == np.float32 else array.astype(np.float32)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """Write tensors to `path` atomically (temp file + rename).
+
+    Each tensor starts 64-byte aligned (our reader allows the gaps) so that SIMD
+    kernels get aligned rows straight from the mmap.
+    """
+    header, offset = {}, 0
+    for name, array in tensors.items():
+        nbytes = array.nbytes
+        header[name] = {"dtype": NUMPY_TO_SAFETENSORS[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        pad = (-offset) % 64
+        offset += pad
+        header[name]["_pad"] = pad
+    pads = {name: header[name].pop("_pad") for name in header}
+    header["__metadata__"] = metadata
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * ((-(8 + len(blob))) % 64)
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, array in tensors.items():
+            f.write(np.ascontiguousarray(array).data)
+            f.write(b"\0" * pads[name])
+    tmp.replace(path)

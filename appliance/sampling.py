@@ -1,0 +1,134 @@
+"""Choosing the next token, and turning tokens into text deltas that respect stop strings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0        # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] = ()
+    logprobs: int | None = None     # None: none; n: the chosen token's plus the n most likely
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(s for s in self.stop if s)
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return (x - np.log(np.exp(x).sum())).astype(np.float32)
+
+
+class Sampler:
+    """Per-sequence sampling state: its random generator (seeded) and the tokens seen so far."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int]):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.seen = set(prompt_ids)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        x = logits.astype(np.float32, copy=True)
+        if p.repetition_penalty != 1.0 and self.seen:
+            idx = np.fromiter(self.seen, dtype=np.intp)
+            vals = x[idx]
+            x[idx] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.temperature == 0.0:
+            token = int(np.argmax(x))
+        else:
+            token = self._sample(x / np.float32(p.temperature))
+        self.seen.add(token)
+        return token
+
+    def _sample(self, x: np.ndarray) -> int:
+        p = self.params
+        order = None
+        if p.top_k and p.top_k < x.size:
+            keep = np.argpartition(-x, p.top_k - 1)[: p.top_k]
+            order = keep[np.argsort(-x[keep], kind="stable")]
+        else:
+            order = np.argsort(-x, kind="stable")
+        logits = x[order].astype(np.float64)
+        probs = np.exp(logits - logits[0])
+        probs /= probs.sum()
+        cut = probs.size
+        if p.top_p < 1.0:
+            # keep the smallest prefix whose mass reaches top_p (always at least one token)
+            cut = min(cut, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
+        if p.min_p > 0.0:
+            cut = min(cut, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
+        probs = probs[:cut] / probs[:cut].sum()
+        return int(order[self.rng.choice(cut, p=probs)])
+
+
+@dataclass
+class TextStream:
+    """Incremental detokenization with stop strings.
+
+    Text is released only when it is final: not an incomplete UTF-8 sequence, and
+    not a tail that could still grow into a stop string. When a stop string
+    appears, the text before it is released and the stream is finished.
+    """
+
+    tokenizer: object
+    stop: tuple[str, ...] = ()
+    ids: list[int] = field(default_factory=list)
+    emitted: int = 0          # characters of the decoded text already released
+    stopped: bool = False
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        for s in self.stop:
+            at = text.find(s, max(0, self.emitted - len(s) + 1))
+            if at != -1:
+                self.stopped = True
+                delta = text[self.emitted:at] if at > self.emitted else ""
+                self.emitted = max(self.emitted, at)
+                return delta
+        hold = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        end = max(self.emitted, len(text) - hold)
+        delta = text[self.emitted:end]
+        self.emitted = end
+        return delta
+
+    def flush(self) -> str:
+        """At the end (length or EOS): release what was held back for a possible stop string."""
+        if self.stopped:
+            return ""
+        text = self.tokenizer.decode(self.ids)
+        delta = text[self.emitted:]
+        self.emitted = len(text)
+        return delta
