@@ -1,0 +1,81 @@
+"""`appliance bench`: prefill speed and decode time per token at several context lengths.
+
+Each context gets a fresh sequence of deterministic pseudo-random tokens (the cost
+of a token does not depend on which tokens they are), a timed prefill, then `gen`
+greedy decode steps. Medians, from the engine's own step statistics.
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from .profiler import DecodeStats, PrefillStats
+from .sampling import SamplingParams
+
+
+def _prompt(engine, n: int, salt: int = 0) -> list[int]:
+    rng = np.random.default_rng(1234 + n + salt)
+    vocab = engine.config.vocab_size
+    special = engine.tokenizer.eos_token_ids
+    ids = rng.integers(0, min(vocab, engine.tokenizer.vocab_size), size=n)
+    return [int(t) if int(t) not in special else 0 for t in ids]
+
+
+def measure(engine, n: int, gen: int, salt: int = 0) -> tuple[PrefillStats, list[DecodeStats]]:
+    """Prefill n tokens then decode gen tokens; the step stats of both."""
+    seen: list = []
+    engine.add_stats_listener(seen.append)
+    try:
+        seq = engine.start(_prompt(engine, n, salt), SamplingParams(max_tokens=gen, temperature=0.0,
+                                                                   ignore_eos=True))
+        try:
+            engine.prefill(seq)
+            while not seq.done:
+                engine.decode([seq])
+        finally:
+            engine.release(seq)
+    finally:
+        engine._listeners.remove(seen.append)
+    prefill = next(s for s in seen if isinstance(s, PrefillStats))
+    return prefill, [s for s in seen if isinstance(s, DecodeStats)]
+
+
+def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[dict]:
+    rows = []
+    for n in contexts:
+        prefills, decodes = [], []
+        for r in range(repeat):
+            p, d = measure(engine, n, gen, salt=r)
+            prefills.append(p)
+            decodes += d
+        prefill_s = statistics.median(p.total_s for p in prefills)
+        total = statistics.median(d.total_s for d in decodes) if decodes else float("nan")
+        attn = statistics.median(d.attn_s for d in decodes) if decodes else float("nan")
+        rows.append({
+            "context": n,
+            "prefill_s": prefill_s,
+            "prefill_tokens_per_s": n / prefill_s,
+            "prefill_gemm_share": statistics.median(p.gemm_share for p in prefills),
+            "prefill_attn_share": statistics.median(p.attn_share for p in prefills),
+            "decode_ms_per_token": 1e3 * total,
+            "attn_ms_per_token": 1e3 * attn,
+            "attn_share": attn / total if total else 0.0,
+            "decode_steps": len(decodes),
+            "kv_bytes_per_token_per_layer": engine.cache.bytes_per_token_per_layer,
+        })
+    return rows
+
+
+def format_table(engine, rows: list[dict]) -> str:
+    info = engine.info()
+    head = (f"model {info['model']}  weights {info['weights']}  kv {info['kv']}  "
+            f"threads {info['threads']}  kernels {info['kernel_path']}")
+    lines = [head,
+             f"{'context':>8} {'prefill tok/s':>14} {'decode ms/tok':>14} {'attn ms/tok':>12} "
+             f"{'attn share':>11} {'KV B/tok/layer':>15}"]
+    for r in rows:
+        lines.append(f"{r['context']:>8} {r['prefill_tokens_per_s']:>14.1f} {r['decode_ms_per_token']:>14.2f} "
+                     f"{r['attn_ms_per_token']:>12.2f} {100 * r['attn_share']:>10.1f}% "
+                     f"{r['kv_bytes_per_token_per_layer']:>15}")
+    return "\n".join(lines)

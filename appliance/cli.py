@@ -1,0 +1,176 @@
+"""The `appliance` command: serve | generate | bench | selftest | quantize.
+
+Errors a user can fix (bad flags, a broken model directory) end in one line on
+stderr and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .errors import ApplianceError
+
+MODEL_HELP = "Hugging Face checkpoint directory (default: the embedded demo model)"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--weights", choices=["q8", "q4", "f32"], default="q8", help="weight format (default q8)")
+    p.add_argument("--kv", choices=["q8", "q4", "f32"], default="q8", help="KV cache format (default q8)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="kernel threads (default: one per big core)")
+    p.add_argument("--max-context", type=_positive_int, default=None, help="context window to allow")
+
+
+def load_engine(args, **extra):
+    from .engine import Engine
+    return Engine.load(args.model, weights=args.weights, kv=args.kv, threads=args.threads,
+                       max_context=args.max_context, **extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine steps")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    g = sub.add_parser("generate", help="generate text from a prompt or a chat message")
+    add_engine_arguments(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw completion prompt")
+    src.add_argument("--chat", help="a user message, rendered with the model's chat template")
+    g.add_argument("--system", help="system message for --chat")
+    g.add_argument("--max-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="prefill and decode speed per context length")
+    add_engine_arguments(b)
+    b.add_argument("--context", type=_int_list, default=[128, 1024, 4096], help="e.g. 128,1024,4096")
+    b.add_argument("--gen", type=_positive_int, default=32, help="tokens decoded per context")
+    b.add_argument("--repeat", type=_positive_int, default=1, help="prefill repetitions (median)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("selftest", help="check the compiled kernels against the portable reference")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_selftest)
+
+    q = sub.add_parser("quantize", help="build the quantized weight cache of a model ahead of time")
+    q.add_argument("--model", default=None, help=MODEL_HELP)
+    q.add_argument("--weights", choices=["q8", "q4"], default="q8")
+    q.set_defaults(func=cmd_quantize)
+
+    try:
+        from .serve import add_serve_arguments, run_serve
+    except ImportError:
+        add_serve_arguments = run_serve = None
+    if add_serve_arguments is not None:
+        v = sub.add_parser("serve", help="serve the OpenAI API, dashboard and metrics")
+        add_serve_arguments(v)
+        v.set_defaults(func=lambda args: run_serve(args))
+    return parser
+
+
+def cmd_generate(args) -> int:
+    engine = load_engine(args)
+    if args.chat is not None:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        prompt = messages + [{"role": "user", "content": args.chat}]
+    else:
+        prompt = args.prompt
+    sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                    top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                    seed=args.seed, stop=args.stop)
+    prompt_ids = engine.encode_prompt(prompt)
+    if args.json:
+        result = engine.generate(prompt_ids, stream=False, **sampling)
+        result["prompt_token_ids"] = prompt_ids
+        result["prefill_tokens_per_s"] = len(prompt_ids) / result["prefill_s"] if result["prefill_s"] else None
+        print(json.dumps(result))
+        return 0
+    for event in engine.generate(prompt_ids, **sampling):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench, format_table
+    engine = _bench_engine(args)
+    rows = run_bench(engine, args.context, args.gen, repeat=args.repeat)
+    if args.json:
+        print(json.dumps({"engine": engine.info(), "rows": rows}))
+    else:
+        print(format_table(engine, rows))
+    return 0
+
+
+def _bench_engine(args):
+    need = max(args.context) + args.gen + 1
+    if args.max_context is None:
+        args.max_context = need
+    return load_engine(args)
+
+
+def cmd_selftest(args) -> int:
+    from .selftest import run_selftest
+    return run_selftest(as_json=args.json)
+
+
+def cmd_quantize(args) -> int:
+    from .engine import Engine
+    engine = Engine.load(args.model, weights=args.weights)
+    print(f"{engine.model_dir}: {args.weights} weights ready ({engine.weight_bytes / 2**20:.1f} MiB)")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(message)s", stream=sys.stderr)
+    from .profiler import profiling_enabled
+    if profiling_enabled():
+        logging.getLogger("appliance.profile").setLevel(logging.INFO)
+    try:
+        return args.func(args) or 0
+    except (ApplianceError, ValueError, OSError) as e:
+        print(f"appliance {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
