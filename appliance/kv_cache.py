@@ -41,9 +41,12 @@ class SequenceBlocks:
     length: int = 0
 
     def views(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(table, blockpos, count) int32 arrays for the attention kernels, all blocks in order."""
-        n = len(self.blocks)
-        table = np.asarray(self.blocks, dtype=np.int32)
+        """(table, blockpos, count) int32 arrays for the attention kernels: the filled blocks in order.
+
+        Blocks reserved ahead of `length` (a prompt's later chunks) are not listed.
+        """
+        n = -(-self.length // block_size)
+        table = np.asarray(self.blocks[:n], dtype=np.int32)
         blockpos = np.arange(n, dtype=np.int32)
         count = np.full(n, block_size, dtype=np.int32)
         if n:
