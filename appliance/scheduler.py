@@ -57,6 +57,7 @@ class Finished:
     message: str = ""            # why, for timeout/shutdown/error
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    code: str = ""               # machine-readable cause, e.g. "context_length_exceeded"
 
 
 @dataclass
@@ -277,11 +278,12 @@ class Scheduler:
         except KVCacheFullError:
             if not self.running:   # nothing will free blocks: this prompt can never fit
                 self._finish(req, Finished("error", None,
-                                           f"the prompt ({len(req.prompt_ids)} tokens) does not fit in the KV cache"))
+                                           f"the prompt ({len(req.prompt_ids)} tokens) does not fit in the KV cache",
+                                           code="context_length_exceeded"))
                 return True
             return False
         except ContextLengthError as e:
-            self._finish(req, Finished("error", None, str(e)))
+            self._finish(req, Finished("error", None, str(e), code="context_length_exceeded"))
             return True
         req.admitted_at = time.monotonic()
         self.running.append(req)

@@ -1,0 +1,178 @@
+"""`appliance serve`: the Flask app under gunicorn.
+
+One worker (the model is loaded once, in the worker, after the fork), gthread
+threads sized for every stream that may be open (running + waiting + probes), a
+control socket per instance (gunicorn >= 25 otherwise shares $HOME/.gunicorn), and
+SIGTERM wired to the scheduler: stop admitting, let running requests finish within
+the grace period, then exit.
+
+The lead's CLI calls add_serve_arguments(parser) and run_serve(args);
+`python -m appliance.serve ...` does the same on its own.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+
+from appliance.config import KV_FORMATS, WEIGHT_FORMATS, ConfigError, Settings, load_settings
+
+log = logging.getLogger("appliance.serve")
+
+# flag dest -> settings key (flags left at None mean "not given": file/env/defaults apply)
+FLAG_KEYS = ("model", "host", "port", "api_key", "weights", "kv", "threads", "max_context",
+             "sparse_attn", "sparse_k", "sparse_block", "sparse_probe", "max_queue", "max_batch",
+             "request_timeout", "max_body_bytes", "grace_period", "log_level")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--config", metavar="FILE", help="YAML settings file (also APPLIANCE_CONFIG)")
+    a("--model", metavar="DIR", help="model directory (Hugging Face layout); default: the embedded demo model")
+    a("--host", help="address to listen on (default 127.0.0.1)")
+    a("--port", type=int, help="port (default 8080)")
+    a("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* (also APPLIANCE_API_KEY)")
+    a("--weights", choices=WEIGHT_FORMATS, help="weight format (default q8)")
+    a("--kv", choices=KV_FORMATS, help="KV cache format (default q8)")
+    a("--sparse-attn", action="store_true", default=None, help="block-sparse attention for long contexts")
+    a("--sparse-k", type=int, metavar="K", help="blocks kept by sparse attention (default 32)")
+    a("--sparse-block", type=int, metavar="N", help="positions per sparse block (default 32)")
+    a("--sparse-probe", type=int, metavar="N", help="probe samples per block (default 8)")
+    a("--threads", type=int, metavar="N", help="compute threads (default: the engine's choice)")
+    a("--max-context", type=int, metavar="N", help="cap on context tokens (default: the model's)")
+    a("--max-queue", type=int, metavar="N", help="requests waiting for a slot before 503 (default 16)")
+    a("--max-batch", type=int, metavar="N", help="sequences decoded together (default 8)")
+    a("--request-timeout", type=float, metavar="S", help="per-request time limit in seconds (default 600)")
+    a("--max-body-bytes", type=int, metavar="N", help="largest accepted request body (default 1 MiB)")
+    a("--grace-period", type=float, metavar="S", help="SIGTERM: seconds to finish running requests (default 30)")
+    a("--log-level", choices=("debug", "info", "warning", "error"))
+    a("--control-socket", metavar="PATH", help="gunicorn control socket (default: one per host:port in the temp dir)")
+
+
+def settings_from_args(args: argparse.Namespace, environ=None) -> Settings:
+    overrides = {k: getattr(args, k, None) for k in FLAG_KEYS}
+    return load_settings(getattr(args, "config", None), environ, overrides)
+
+
+def default_control_socket(settings: Settings) -> str:
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{settings.host}-{settings.port}")
+    return os.path.join(tempfile.gettempdir(), f"appliance-gunicorn-{tag}.ctl")
+
+
+def _gunicorn_settings() -> set[str]:
+    from gunicorn.config import KNOWN_SETTINGS
+    return {s.name for s in KNOWN_SETTINGS}
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def dashboard_url(settings: Settings) -> str:
+    host = settings.host
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"http://{_bind_address(host, settings.port)}/"
+
+
+def gunicorn_options(settings: Settings, control_socket: str | None = None) -> dict:
+    known = _gunicorn_settings()
+    opts = {
+        "bind": [_bind_address(settings.host, settings.port)],
+        "workers": 1,
+        "worker_class": "gthread",
+        "threads": settings.http_threads,
+        "timeout": 120,                          # heartbeat only: gthread's main loop keeps beating
+        "graceful_timeout": settings.grace_period + 5,
+        "keepalive": 5,
+        "proc_name": f"appliance:{settings.port}",
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": settings.log_level,
+        "preload_app": False,                    # load the model in the worker, after the fork
+    }
+    if "control_socket" in known:
+        opts["control_socket"] = control_socket or default_control_socket(settings)
+    return {k: v for k, v in opts.items() if k in known}
+
+
+# ---- gunicorn hooks (module level so that gunicorn can call them by reference) ----
+
+def _when_ready(server) -> None:
+    settings = server.app.settings
+    print(f"appliance: serving on {dashboard_url(settings)} (dashboard: {dashboard_url(settings)}) "
+          f"- model {'embedded demo' if settings.model is None else settings.model} is loading",
+          flush=True)
+
+
+def _post_worker_init(worker) -> None:
+    """SIGTERM in the worker: drain the scheduler, then gunicorn's own graceful stop."""
+    runtime = worker.wsgi.extensions["appliance"]
+
+    def on_term(signum, frame):
+        runtime.begin_drain()
+        worker.handle_exit(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.siginterrupt(signal.SIGTERM, False)
+
+
+def _worker_exit(server, worker) -> None:
+    app = getattr(worker, "wsgi", None)
+    runtime = getattr(app, "extensions", {}).get("appliance") if app is not None else None
+    if runtime is not None:
+        runtime.close()
+
+
+def _application_class():
+    from gunicorn.app.base import BaseApplication
+
+    class ApplianceServer(BaseApplication):
+        def __init__(self, settings: Settings, options: dict):
+            self.settings = settings
+            self.options = options
+            super().__init__()
+
+        def load_config(self):
+            for key, value in self.options.items():
+                self.cfg.set(key, value)
+            self.cfg.set("when_ready", _when_ready)
+            self.cfg.set("post_worker_init", _post_worker_init)
+            self.cfg.set("worker_exit", _worker_exit)
+
+        def load(self):
+            logging.basicConfig(level=getattr(logging, self.settings.log_level.upper()),
+                                format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+            from appliance.server import create_app
+            return create_app({"settings": self.settings})
+
+    return ApplianceServer
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as e:
+        print(f"appliance serve: {e}", file=sys.stderr)
+        return 2
+    options = gunicorn_options(settings, getattr(args, "control_socket", None))
+    server = _application_class()(settings, options)
+    try:
+        server.run()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="appliance serve", description=__doc__.splitlines()[0])
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The live dashboard: `/` (one page, no CDN) and `/dashboard/stats` (its JSON feed).
+
+The page polls the feed once a second with `since=<last time seen>`, so each poll
+carries only new points; charts are drawn on plain canvases (web/static/charts.js).
+Model output reaches the page only through the chat panel, which sets textContent.
+"""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, current_app, jsonify, render_template, request
+
+bp = Blueprint("dashboard", __name__)
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def runtime():
+    return current_app.extensions["appliance"]
+
+
+@bp.after_app_request
+def _security_headers(resp):
+    if resp.mimetype == "text/html":
+        resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    return resp
+
+
+@bp.get("/")
+def index():
+    rt = runtime()
+    return render_template("index.html", settings=rt.settings.public(), status=rt.status,
+                           auth_required=bool(rt.settings.api_key))
+
+
+@bp.get("/dashboard/stats")
+def stats():
+    rt = runtime()
+    try:
+        since = float(request.args.get("since", "0"))
+    except ValueError:
+        since = 0.0
+    out = rt.live.snapshot(since)
+    snap = rt.thermal.snapshot()
+    out.update({
+        "now": time.time(),
+        "status": rt.status,
+        "error": rt.error,
+        "model": rt.model_facts(),
+        "settings": rt.settings.public(),
+        "queue": rt.queue_facts(),
+        "auth_required": bool(rt.settings.api_key),
+        "thermal": None if snap is None else snap.to_dict(),
+        "throttled_seconds": {k: round(v, 1) for k, v in rt.thermal.throttled_seconds.items()},
+        "thermal_history": [
+            {"t": round(s.time, 3),
+             "zones": {z.name: z.temp_c for z in s.zones},
+             "policies": {p.name: {"cur_hz": p.cur_hz, "throttled": p.throttled} for p in s.policies}}
+            for s in list(rt.thermal.history)[-300:] if s.time > since],
+    })
+    return jsonify(out)

@@ -1,0 +1,339 @@
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
+plus /tokenize and /detokenize.
+
+HTTP threads validate, tokenize and submit to the scheduler, then relay the
+request's events: as server-sent events ending in `data: [DONE]` when streaming,
+as one JSON body otherwise. A client that goes away is noticed between tokens
+(the socket reads EOF, or a write fails) and its request is cancelled.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import select
+import time
+import uuid
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from appliance.scheduler import Finished, QueueFullError, ShuttingDownError
+from appliance.server.errors import APIError
+from appliance.server.validation import (GenerationRequest, check_model, get_bool, parse_chat,
+                                         parse_completion, parse_messages, read_json_body)
+
+bp = Blueprint("openai", __name__)
+
+POLL_S = 0.25          # how often a waiting HTTP thread checks that its client is still there
+KEEPALIVE_S = 15.0     # an SSE comment after this long without a token keeps proxies from timing out
+
+
+def runtime():
+    return current_app.extensions["appliance"]
+
+
+@bp.before_request
+def _authorize_and_check_ready():
+    rt = runtime()
+    key = rt.settings.api_key
+    if key:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError("a valid API key is required: send 'Authorization: Bearer <key>'", 401,
+                           code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="appliance"'})
+    if not rt.ready:
+        if rt.status == "failed":
+            raise APIError(f"the model failed to load: {rt.error}", 503, code="model_load_failed")
+        if rt.status == "draining":
+            raise APIError("the server is shutting down", 503, code="shutting_down",
+                           headers={"Retry-After": "5"})
+        raise APIError("the model is still loading", 503, code="model_loading", headers={"Retry-After": "2"})
+
+
+# ---- models, tokenizer --------------------------------------------------------
+
+def _model_card(rt) -> dict:
+    return {"id": rt.engine.model_name, "object": "model", "created": int(rt.started),
+            "owned_by": "appliance", "max_model_len": rt.engine.max_context}
+
+
+@bp.get("/v1/models")
+def list_models():
+    return jsonify({"object": "list", "data": [_model_card(runtime())]})
+
+
+@bp.get("/v1/models/<path:model_id>")
+def get_model(model_id: str):
+    rt = runtime()
+    if model_id != rt.engine.model_name:
+        raise APIError(f"the model {model_id!r} does not exist", 404, param="model", code="model_not_found")
+    return jsonify(_model_card(rt))
+
+
+@bp.post("/tokenize")
+def tokenize():
+    rt = runtime()
+    body = read_json_body()
+    check_model(body, rt.engine.model_name)
+    tok = rt.engine.tokenizer
+    if "messages" in body:
+        messages = parse_messages(body)
+        text = tok.apply_chat_template(messages, add_generation_prompt=get_bool(body, "add_generation_prompt", True))
+    elif "prompt" in body:
+        text = body["prompt"]
+        if not isinstance(text, str):
+            raise APIError("prompt: expected a string", param="prompt", code="invalid_type")
+    else:
+        raise APIError("either prompt or messages is required", param="prompt", code="missing_required_parameter")
+    ids = tok.encode(text)
+    return jsonify({"tokens": ids, "count": len(ids), "max_model_len": rt.engine.max_context})
+
+
+@bp.post("/detokenize")
+def detokenize():
+    rt = runtime()
+    body = read_json_body()
+    check_model(body, rt.engine.model_name)
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise APIError("tokens: expected an array of integer token ids", param="tokens", code="invalid_type")
+    vocab = int(rt.info.get("vocab") or 0)
+    bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
+    if bad:
+        raise APIError(f"tokens: token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                       param="tokens", code="invalid_value")
+    return jsonify({"prompt": rt.engine.tokenizer.decode(ids)})
+
+
+# ---- generation -----------------------------------------------------------------
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    rt = runtime()
+    return _generate(parse_chat(read_json_body(), rt.engine))
+
+
+@bp.post("/v1/completions")
+def completions():
+    rt = runtime()
+    return _generate(parse_completion(read_json_body(), rt.engine))
+
+
+class ClientWatch:
+    """Tells whether the client closed its connection, without reading its data."""
+
+    def __init__(self, environ):
+        sock = environ.get("gunicorn.socket")
+        self.fd = sock.fileno() if sock is not None else None
+
+    def gone(self) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLRDHUP)
+            events = poller.poll(0)
+            if not events:
+                return False
+            mask = events[0][1]
+            if mask & (select.POLLHUP | select.POLLERR | select.POLLRDHUP | select.POLLNVAL):
+                return True
+            return False   # readable data (a pipelined request) is not a disconnect
+        except (OSError, ValueError):
+            return True
+
+
+def _submit(gen: GenerationRequest):
+    rt = runtime()
+    try:
+        return rt.scheduler.submit(gen.prompt_ids, gen.params)
+    except QueueFullError as e:
+        rt.metrics.count("rejected")
+        raise APIError(f"{e}; retry later", 503, code="queue_full",
+                       headers={"Retry-After": str(e.retry_after)}) from None
+    except ShuttingDownError as e:
+        rt.metrics.count("rejected")
+        raise APIError(str(e), 503, code="shutting_down", headers={"Retry-After": str(e.retry_after)}) from None
+
+
+def _generate(gen: GenerationRequest):
+    rt = runtime()
+    req = _submit(gen)
+    reply = Reply(gen, rt, req.id)
+    watch = ClientWatch(request.environ)
+    if gen.stream:
+        return Response(_stream(rt, req, reply, watch), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        while True:
+            ev = req.next_event(POLL_S)
+            if ev is None:
+                if watch.gone():
+                    rt.scheduler.cancel(req)
+                    raise APIError("the client closed the connection", 499, code="client_closed")
+                continue
+            if isinstance(ev, Finished):
+                break
+            reply.add(ev)
+    finally:
+        rt.scheduler.cancel(req)          # no-op once finished
+    if ev.outcome not in ("stop", "length"):
+        raise _failure(ev)
+    return jsonify(reply.body(ev))
+
+
+def _failure(fin: Finished) -> APIError:
+    if fin.outcome == "timeout":
+        return APIError(fin.message, 504, code="request_timeout", type="timeout_error")
+    if fin.outcome in ("shutdown", "cancelled"):
+        return APIError(fin.message or "the request was cancelled", 503, code=fin.outcome,
+                        headers={"Retry-After": "5"})
+    if fin.code == "context_length_exceeded":
+        return APIError(fin.message, 400, code=fin.code)
+    return APIError(fin.message or "generation failed", 500, code="internal_error", type="server_error")
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _stream(rt, req, reply: "Reply", watch: ClientWatch):
+    """Server-sent events; the finally clause cancels the request if the client left early."""
+    try:
+        first = reply.first_chunk()
+        if first is not None:
+            yield _sse(first)
+        last_write = time.monotonic()
+        while True:
+            ev = req.next_event(POLL_S)
+            if ev is None:
+                if watch.gone():
+                    return
+                if time.monotonic() - last_write > KEEPALIVE_S:
+                    last_write = time.monotonic()
+                    yield ": keep-alive\n\n"
+                continue
+            if isinstance(ev, Finished):
+                if ev.outcome in ("stop", "length"):
+                    yield _sse(reply.finish_chunk(ev))
+                    if reply.gen.include_usage:
+                        yield _sse(reply.usage_chunk(ev))
+                else:
+                    yield _sse(_failure(ev).body())
+                yield "data: [DONE]\n\n"
+                return
+            chunk = reply.token_chunk(ev)
+            if chunk is not None:
+                yield _sse(chunk)
+                last_write = time.monotonic()
+            elif watch.gone():
+                return
+    finally:
+        rt.scheduler.cancel(req)
+
+
+class Reply:
+    """Builds the OpenAI response objects for one request from its TokenEvents."""
+
+    def __init__(self, gen: GenerationRequest, rt, request_id: int):
+        self.gen = gen
+        self.chat = gen.kind == "chat"
+        self.tokenizer = rt.engine.tokenizer
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = gen.model
+        s = rt.settings
+        self.fingerprint = f"fp_appliance_{s.weights}_{s.kv}"
+        self.text: list[str] = []
+        self.chat_logprobs: list[dict] = []
+        self.legacy = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        self.offset = 0
+
+    # -- logprobs
+    def _token_text(self, ev) -> str:
+        for tid, text, _ in ev.top_logprobs or ():
+            if tid == ev.token_id:
+                return text
+        return self.tokenizer.decode([ev.token_id])
+
+    def _chat_entry(self, ev) -> dict:
+        text = self._token_text(ev)
+        return {"token": text, "logprob": ev.logprob, "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                                 for _, t, lp in (ev.top_logprobs or ())[: self.gen.top_logprobs]]}
+
+    def _legacy_entry(self, ev) -> dict:
+        text = self._token_text(ev)
+        entry = {"tokens": [text], "token_logprobs": [ev.logprob],
+                 "top_logprobs": [{t: lp for _, t, lp in (ev.top_logprobs or ())[: self.gen.top_logprobs]}],
+                 "text_offset": [self.offset]}
+        self.offset += len(ev.text)
+        return entry
+
+    def _logprobs(self, ev):
+        if not self.gen.logprobs or ev.logprob is None:
+            return None
+        return {"content": [self._chat_entry(ev)]} if self.chat else self._legacy_entry(ev)
+
+    # -- non-streaming
+    def add(self, ev) -> None:
+        self.text.append(ev.text)
+        lp = self._logprobs(ev)
+        if lp is not None:
+            if self.chat:
+                self.chat_logprobs.extend(lp["content"])
+            else:
+                for k in self.legacy:
+                    self.legacy[k].extend(lp[k])
+
+    def _usage(self, fin: Finished) -> dict:
+        return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+                "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+
+    def body(self, fin: Finished) -> dict:
+        text = "".join(self.text)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": {"content": self.chat_logprobs} if self.gen.logprobs else None,
+                      "finish_reason": fin.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": self.legacy if self.gen.logprobs else None,
+                      "finish_reason": fin.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": self._usage(fin)}
+
+    # -- streaming
+    def _chunk(self, choice: dict | None) -> dict:
+        out = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+               "choices": [] if choice is None else [choice]}
+        if self.gen.include_usage:
+            out["usage"] = None
+        return out
+
+    def first_chunk(self) -> dict | None:
+        if not self.chat:
+            return None
+        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None})
+
+    def token_chunk(self, ev) -> dict | None:
+        lp = self._logprobs(ev)
+        if not ev.text and lp is None:
+            return None                     # text held back while a stop string may be forming
+        if self.chat:
+            return self._chunk({"index": 0, "delta": {"content": ev.text}, "logprobs": lp,
+                                "finish_reason": None})
+        return self._chunk({"index": 0, "text": ev.text, "logprobs": lp, "finish_reason": None})
+
+    def finish_chunk(self, fin: Finished) -> dict:
+        if self.chat:
+            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": fin.finish_reason})
+        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": fin.finish_reason})
+
+    def usage_chunk(self, fin: Finished) -> dict:
+        out = self._chunk(None)
+        out["usage"] = self._usage(fin)
+        return out

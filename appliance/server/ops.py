@@ -1,0 +1,42 @@
+"""Probes and metrics: /health, /ready, /metrics. Always open (no API key), for load
+balancers and Prometheus."""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, jsonify
+
+bp = Blueprint("ops", __name__)
+
+
+def runtime():
+    return current_app.extensions["appliance"]
+
+
+@bp.get("/health")
+def health():
+    """503 while loading (or after a failed load), 200 with model facts when serving."""
+    rt = runtime()
+    body = {"status": rt.status, "uptime_s": round(time.time() - rt.started, 1)}
+    if rt.status == "failed":
+        body["error"] = rt.error
+    if rt.engine is not None:
+        body["model"] = rt.model_facts()
+        body["queue"] = rt.queue_facts()
+        snap = rt.thermal.snapshot()
+        body["throttled"] = None if snap is None else snap.throttled
+    code = 200 if rt.status in ("ready", "draining") else 503
+    return jsonify(body), code
+
+
+@bp.get("/ready")
+def ready():
+    """For load balancers: 200 only while new requests are admitted."""
+    rt = runtime()
+    return jsonify({"status": rt.status}), 200 if rt.ready else 503
+
+
+@bp.get("/metrics")
+def metrics():
+    payload, content_type = runtime().metrics.render()
+    return Response(payload, content_type=content_type)

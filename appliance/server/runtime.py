@@ -1,0 +1,120 @@
+"""What one server process holds: settings, engine, scheduler, metrics, thermal watch.
+
+The model loads in a background thread so that /health can answer 503 "loading"
+at once; the scheduler starts when the engine is ready.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from appliance.config import Settings
+from appliance.metrics import Metrics
+from appliance.server.live import LiveStats
+from appliance.thermal import ThermalMonitor
+
+log = logging.getLogger("appliance.server")
+
+
+class Runtime:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None):
+        self.settings = settings
+        self.status = "loading"          # loading | ready | failed | draining
+        self.error: str | None = None
+        self.engine = None
+        self.scheduler = None
+        self.info: dict = {}
+        self.started = time.time()
+        self.ready_event = threading.Event()
+        self.metrics = metrics or Metrics()
+        self.live = LiveStats(queue_state=self._queue_state)
+        self.thermal = ThermalMonitor(settings.sysfs_root, settings.thermal_interval)
+        self.metrics.bind(thermal=self.thermal)
+
+    def _queue_state(self) -> tuple[int, int]:
+        s = self.scheduler.state if self.scheduler is not None else None
+        return (s.running, s.waiting) if s is not None else (0, 0)
+
+    # ---- lifecycle ------------------------------------------------------------
+
+    def start(self, engine=None, background: bool = True) -> "Runtime":
+        self.thermal.start()
+        if engine is not None:
+            self._serve(engine)
+        elif background:
+            threading.Thread(target=self._load, name="model-loader", daemon=True).start()
+        else:
+            self._load()
+        return self
+
+    def _load(self) -> None:
+        s = self.settings
+        t0 = time.perf_counter()
+        try:
+            from appliance import Engine
+            engine = Engine.load(path=s.model, weights=s.weights, kv=s.kv, threads=s.threads,
+                                 max_context=s.max_context, sparse=s.sparse_config())
+        except Exception as e:
+            self.status = "failed"
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("loading the model failed")
+            self.ready_event.set()
+            return
+        log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
+        self._serve(engine)
+
+    def _serve(self, engine) -> None:
+        from appliance.scheduler import Scheduler
+
+        s = self.settings
+        engine.add_stats_listener(self.metrics.observe)
+        engine.add_stats_listener(self.live.observe)
+        scheduler = Scheduler(engine, max_queue=s.max_queue, max_batch=s.max_batch,
+                              request_timeout=s.request_timeout)
+        scheduler.add_listener(self.metrics.observe)
+        scheduler.add_listener(self.live.observe)
+        self.info = dict(engine.info())
+        self.info.setdefault("sparse", s.sparse_config())
+        self.metrics.set_model(engine.model_name, self.info)
+        self.metrics.bind(scheduler=scheduler)
+        self.engine = engine
+        self.scheduler = scheduler.start()
+        self.status = "ready"
+        self.ready_event.set()
+
+    def begin_drain(self, grace: float | None = None) -> None:
+        """SIGTERM: stop admitting; running requests get the grace period to finish."""
+        grace = self.settings.grace_period if grace is None else grace
+        if self.status == "ready":
+            self.status = "draining"
+        if self.scheduler is not None:
+            self.scheduler.begin_drain(grace)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.thermal.stop()
+
+    # ---- facts ------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def model_facts(self) -> dict:
+        if self.engine is None:
+            return {}
+        return {"id": self.engine.model_name, "max_context": self.engine.max_context, **self.info,
+                "generation_defaults": dict(self.engine.generation_defaults or {})}
+
+    def queue_facts(self) -> dict:
+        st = self.scheduler.state if self.scheduler is not None else None
+        return {
+            "running": st.running if st else 0,
+            "waiting": st.waiting if st else 0,
+            "kv_blocks_used": st.kv_blocks_used if st else 0,
+            "kv_blocks_total": st.kv_blocks_total if st else 0,
+            "max_batch": self.settings.max_batch,
+            "max_queue": self.settings.max_queue,
+        }

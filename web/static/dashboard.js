@@ -1,0 +1,223 @@
+// Dashboard: polls /dashboard/stats once a second (only new points), redraws six
+// canvas charts, and runs a chat panel that streams from /v1/chat/completions.
+// Text from the model or the server is only ever set with textContent.
+"use strict";
+(function () {
+  const KEEP = 300;                 // points kept per series in the page
+  const POLL_MS = 1000;
+  const state = {
+    since: 0, steps: [], series: [], thermal: [], drawn: 0, model: null,
+    chat: [], busy: false,
+  };
+  const $ = id => document.getElementById(id);
+
+  function keep(arr, items) {
+    for (const x of items) arr.push(x);
+    if (arr.length > KEEP) arr.splice(0, arr.length - KEEP);
+  }
+
+  function setRows(table, rows) {
+    const body = table.tBodies[0];
+    body.replaceChildren();
+    for (const [k, v] of rows) {
+      const tr = document.createElement("tr");
+      const a = document.createElement("td"), b = document.createElement("td");
+      a.textContent = k;
+      b.textContent = v === null || v === undefined ? "—" : (typeof v === "object" ? JSON.stringify(v) : String(v));
+      tr.append(a, b);
+      body.append(tr);
+    }
+  }
+
+  function throttledRanges(policyName) {
+    const out = [];
+    let start = null;
+    for (const s of state.thermal) {
+      const p = s.policies[policyName];
+      const on = !!(p && p.throttled);
+      if (on && start === null) start = s.t;
+      if (!on && start !== null) { out.push([start, s.t]); start = null; }
+    }
+    if (start !== null) out.push([start, state.thermal[state.thermal.length - 1].t + 1]);
+    return out;
+  }
+
+  function draw() {
+    let n = 0;
+    n += drawChart($("chart-decode"), {xTime: true, series: [
+      {name: "ms/token", points: state.steps.map(s => [s.t, s.ms])}]});
+    n += drawChart($("chart-attn"), {kind: "scatter", yMin: 0, yMax: 1, xLabel: "context tokens", series: [
+      {name: "attention share", points: state.steps.map(s => [s.ctx, s.attn])}]});
+    n += drawChart($("chart-tps"), {xTime: true, series: [
+      {name: "tokens/s", points: state.series.map(s => [s.t, s.tokens_per_s])}]});
+    n += drawChart($("chart-queue"), {xTime: true, series: [
+      {name: "running", points: state.series.map(s => [s.t, s.running])},
+      {name: "waiting", points: state.series.map(s => [s.t, s.waiting])}]});
+    const zones = new Set(), policies = new Set();
+    for (const s of state.thermal) {
+      Object.keys(s.zones).forEach(z => zones.add(z));
+      Object.keys(s.policies).forEach(p => policies.add(p));
+    }
+    n += drawChart($("chart-temp"), {xTime: true, empty: "no thermal zones", series: [...zones].map(z => (
+      {name: z.replace(/-thermal$/, ""), points: state.thermal.map(s => [s.t, s.zones[z] ?? null])}))});
+    const shade = [];
+    for (const p of policies) shade.push(...throttledRanges(p));
+    n += drawChart($("chart-freq"), {xTime: true, yMin: 0, shade, empty: "no cpufreq policies",
+      series: [...policies].map(p => ({name: p, points: state.thermal.map(s => {
+        const v = s.policies[p]; return [s.t, v && v.cur_hz ? v.cur_hz / 1e9 : null]; })}))});
+    state.drawn += 1;
+    document.body.dataset.drawn = String(state.drawn);
+    document.body.dataset.points = String(n);
+  }
+
+  function showFacts(d) {
+    const status = $("status");
+    status.textContent = d.status;
+    status.className = "badge " + (d.status === "ready" ? "ok" : d.status === "failed" ? "bad" : "");
+    if (d.model && d.model.id) {
+      $("model-name").textContent = d.model.id;
+      if (!state.model) {
+        setRows($("model-facts"), Object.entries(d.model).filter(([k]) => k !== "generation_defaults")
+          .concat([["generation defaults", d.model.generation_defaults]]));
+        state.model = d.model;
+      }
+    }
+    if (d.error) setRows($("model-facts"), [["error", d.error]]);
+    setRows($("settings-facts"), Object.entries(d.settings || {}));
+    const q = d.queue || {};
+    $("queue-now").textContent = `${q.running || 0} running, ${q.waiting || 0} waiting, KV ${q.kv_blocks_used || 0}/${q.kv_blocks_total || 0} blocks`;
+    const last = state.steps[state.steps.length - 1];
+    $("decode-now").textContent = last ? `${last.ms.toFixed(1)} ms @ batch ${last.batch}, ctx ${last.ctx}` : "";
+    const lastSec = state.series[state.series.length - 1];
+    $("tps-now").textContent = lastSec ? `${lastSec.tokens_per_s} tok/s` : "";
+    const th = d.thermal, badge = $("throttle");
+    if (th) {
+      badge.textContent = th.throttled ? "THROTTLED" : "not throttled";
+      badge.className = "badge " + (th.throttled ? "bad" : "ok");
+      const rows = th.zones.map(z => [z.zone, z.temp_c === null ? "unknown" : z.temp_c.toFixed(1) + " °C"]);
+      for (const p of th.policies) {
+        const ghz = v => v ? (v / 1e9).toFixed(2) : "?";
+        rows.push([`${p.policy} (${p.cluster})`, `${ghz(p.cur_hz)} / ${ghz(p.hw_max_hz || p.max_hz)} GHz` +
+          (p.throttled ? ` THROTTLED: ${p.reason}` : "") +
+          ` · ${(d.throttled_seconds || {})[p.policy] || 0} s throttled`]);
+      }
+      setRows($("thermal-facts"), rows);
+    }
+  }
+
+  async function poll() {
+    try {
+      const r = await fetch(`/dashboard/stats?since=${state.since}`, {cache: "no-store"});
+      const d = await r.json();
+      keep(state.steps, d.steps || []);
+      keep(state.series, d.series || []);
+      keep(state.thermal, d.thermal_history || []);
+      const ts = [].concat((d.steps || []).map(s => s.t), (d.series || []).map(s => s.t),
+                           (d.thermal_history || []).map(s => s.t));
+      if (ts.length) state.since = Math.max(state.since, ...ts);
+      showFacts(d);
+      if (d.auth_required) $("key-label").hidden = false;
+      draw();
+    } catch (e) {
+      $("status").textContent = "offline";
+      $("status").className = "badge bad";
+    }
+    setTimeout(poll, POLL_MS);
+  }
+
+  // ---- chat ------------------------------------------------------------------
+
+  function addMessage(role, text) {
+    const div = document.createElement("div");
+    div.className = "msg " + role;
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = role === "user" ? "you" : role === "error" ? "error" : "model";
+    const body = document.createElement("span");
+    body.className = "text";
+    body.textContent = text;
+    div.append(who, body);
+    $("chat-log").append(div);
+    $("chat-log").scrollTop = $("chat-log").scrollHeight;
+    return body;
+  }
+  window.applianceAddMessage = addMessage;   // used by the browser test to check escaping
+
+  async function send(ev) {
+    ev.preventDefault();
+    if (state.busy) return;
+    const text = $("chat-input").value.trim();
+    if (!text) return;
+    state.busy = true;
+    $("chat-send").disabled = true;
+    document.body.dataset.chat = "streaming";
+    addMessage("user", text);
+    state.chat.push({role: "user", content: text});
+    $("chat-input").value = "";
+    const out = addMessage("assistant", "");
+    const headers = {"Content-Type": "application/json"};
+    const key = $("chat-key").value;
+    if (key) headers["Authorization"] = "Bearer " + key;
+    const t0 = performance.now();
+    let first = null, chunks = 0, reply = "", finish = null, usage = null;
+    try {
+      const resp = await fetch("/v1/chat/completions", {method: "POST", headers, body: JSON.stringify({
+        model: state.model ? state.model.id : undefined, messages: state.chat, stream: true,
+        max_tokens: parseInt($("chat-max").value, 10) || 128, stream_options: {include_usage: true}})});
+      if (!resp.ok) {
+        const err = await resp.json().catch(() => ({error: {message: resp.statusText}}));
+        throw new Error(`${resp.status}: ${err.error ? err.error.message : resp.statusText}`);
+      }
+      const reader = resp.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, {stream: true});
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          const event = buf.slice(0, i); buf = buf.slice(i + 2);
+          for (const line of event.split("\n")) {
+            if (!line.startsWith("data: ")) continue;
+            const data = line.slice(6);
+            if (data === "[DONE]") continue;
+            const obj = JSON.parse(data);
+            if (obj.error) throw new Error(obj.error.message);
+            if (obj.usage) usage = obj.usage;
+            for (const c of obj.choices || []) {
+              if (c.delta && c.delta.content) {
+                if (first === null) first = performance.now();
+                reply += c.delta.content;
+                out.textContent = reply;
+                chunks++;
+              }
+              if (c.finish_reason) finish = c.finish_reason;
+            }
+          }
+        }
+      }
+      state.chat.push({role: "assistant", content: reply});
+      const secs = (performance.now() - t0) / 1000;
+      $("chat-stats").textContent = `${usage ? usage.completion_tokens : chunks} tokens in ${secs.toFixed(2)} s` +
+        (first !== null ? `, first token after ${((first - t0) / 1000).toFixed(2)} s` : "") +
+        (finish ? `, finish: ${finish}` : "");
+      document.body.dataset.chatChunks = String(chunks);
+      document.body.dataset.chat = "done";
+    } catch (e) {
+      addMessage("error", String(e.message || e));
+      state.chat.pop();
+      document.body.dataset.chat = "error";
+    } finally {
+      state.busy = false;
+      $("chat-send").disabled = false;
+    }
+  }
+
+  $("chat-form").addEventListener("submit", send);
+  $("chat-reset").addEventListener("click", () => { state.chat = []; $("chat-log").replaceChildren(); });
+  $("chat-input").addEventListener("keydown", e => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("chat-form").requestSubmit(); }
+  });
+  poll();
+})();
