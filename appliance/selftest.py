@@ -1,0 +1,114 @@
+"""`appliance selftest`: does this machine compute what the portable reference computes?
+
+Runs every compiled kernel on random inputs through the build's SIMD path and
+through the portable C path, compares them (integer outputs bit for bit, float
+outputs within named tolerances), and reports the active path, the CPU features,
+the big cores and the thread count the engine would use. Exit 0 only if all agree.
+Ansible runs it on every board after building, before (re)starting the service.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from . import cpu
+
+GEMM_RTOL = 1e-4        # float sums in a different order
+FLOAT_RTOL = 1e-5       # rmsnorm, rope, silu
+ATTENTION_ATOL = 2e-4   # online softmax in a different blocking
+
+
+def _checks(k, rng):
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x = rand(5, 1024)
+    q_simd, d_simd = k.quantize_rows_q8(x, path="simd")
+    q_port, d_port = k.quantize_rows_q8(x, path="portable")
+    yield "quantize_rows_q8", np.array_equal(q_simd, q_port) and np.array_equal(d_simd, d_port), "bit-exact"
+
+    from .quant import quantize_q4_0, quantize_q8_0
+    w = rand(67, 1024)
+    for name, packer, gemm in (("gemm_q8", quantize_q8_0, k.gemm_q8), ("gemm_q4", quantize_q4_0, k.gemm_q4)):
+        wq, wd = packer(w)
+        for m in (1, 5):
+            a = gemm(wq, wd, q_port[:m], d_port[:m], path="simd")
+            b = gemm(wq, wd, q_port[:m], d_port[:m], path="portable")
+            err = float(np.max(np.abs(a - b) / (np.abs(b).max() + 1e-12)))
+            yield f"{name} M={m}", err <= GEMM_RTOL, f"max rel err {err:.1e}"
+
+    norm_w = rand(128)
+    h = rand(7, 128)
+    a, b = k.rmsnorm(h, norm_w, 1e-6, path="simd"), k.rmsnorm(h, norm_w, 1e-6, path="portable")
+    yield "rmsnorm", np.allclose(a, b, rtol=FLOAT_RTOL, atol=1e-6), ""
+    heads = rand(3, 4, 128)
+    pos = np.array([0, 17, 4000], np.int32)
+    inv_freq = (1.0 / 1e6 ** (np.arange(0, 128, 2) / 128)).astype(np.float32)
+    a, b = heads.copy(), heads.copy()
+    k.rope(a, pos, inv_freq, path="simd")
+    k.rope(b, pos, inv_freq, path="portable")
+    yield "rope", np.allclose(a, b, rtol=FLOAT_RTOL, atol=1e-5), ""
+    g, u = rand(3, 384), rand(3, 384)
+    yield "silu_mul", np.allclose(k.silu_mul(g, u, path="simd"), k.silu_mul(g, u, path="portable"),
+                                  rtol=FLOAT_RTOL, atol=1e-6), ""
+
+    from .quant import quantize_kv_q4, quantize_kv_q8
+    n_blocks, n_kv, bs, hd, group, ctx = 6, 2, 32, 128, 2, 150
+    kf, vf = rand(n_blocks, n_kv, bs, hd), rand(n_blocks, n_kv, bs, hd)
+    table = np.array([4, 0, 5, 2, 1], np.int32)
+    blockpos = np.arange(5, dtype=np.int32)
+    count = np.array([32, 32, 32, 32, ctx - 128], np.int32)
+    queries = rand(2, n_kv * group, hd)
+    qpos = np.array([ctx - 2, ctx - 1], np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    for kind in ("q8", "q4", "f32"):
+        if kind == "f32":
+            args = (kf, vf)
+            fn = k.attention_f32
+        else:
+            pack = quantize_kv_q8 if kind == "q8" else quantize_kv_q4
+            (kq, ks), (vq, vs) = pack(kf), pack(vf)
+            args = (kq, ks, vq, vs)
+            fn = k.attention_q8 if kind == "q8" else k.attention_q4
+        a = fn(queries, *args, table, blockpos, count, qpos, scale, path="simd")
+        b = fn(queries, *args, table, blockpos, count, qpos, scale, path="portable")
+        err = float(np.max(np.abs(a - b)))
+        yield f"attention_{kind}", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
+
+
+def run_selftest(as_json: bool = False) -> int:
+    try:
+        from . import _kernels as k
+    except ImportError as e:
+        print(f"selftest: FAIL: the compiled kernels are not built ({e})", file=sys.stderr)
+        return 2
+    report = {"kernel_path": k.kernel_path(), "cpu_features": k.cpu_features(),
+              "cpu_supported": bool(k.cpu_supported()), "big_cores": cpu.big_cores(),
+              "threads": cpu.default_threads(), "checks": []}
+    if not report["cpu_supported"]:
+        report["ok"] = False
+        _print(report, as_json, f"this CPU cannot run the {report['kernel_path']} path the kernels were built for")
+        return 1
+    rng = np.random.default_rng(20261129)
+    for name, ok, detail in _checks(k, rng):
+        report["checks"].append({"name": name, "ok": bool(ok), "detail": detail})
+    report["ok"] = all(c["ok"] for c in report["checks"])
+    _print(report, as_json)
+    return 0 if report["ok"] else 1
+
+
+def _print(report: dict, as_json: bool, problem: str | None = None) -> None:
+    if as_json:
+        print(json.dumps(report))
+        return
+    print(f"kernel path : {report['kernel_path']}")
+    print(f"cpu features: {report['cpu_features'] or '(none found)'}")
+    print(f"big cores   : {','.join(map(str, report['big_cores']))}  threads: {report['threads']}")
+    for c in report["checks"]:
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['name']:<20} {c['detail']}")
+    if problem:
+        print(f"selftest: FAIL: {problem}")
+    else:
+        print("selftest: " + ("ok" if report["ok"] else "FAIL: SIMD path disagrees with the portable reference"))
