@@ -1,0 +1,2 @@
+/* NEON path: filled in later. */
+#include "../internal.h"

@@ -1,0 +1,174 @@
+/*
+ * The one-pass attention driver, shared by every path: a C "template".
+ *
+ * The including file defines ATTN_NAME(x) (x##_portable or x##_simd) and these static
+ * primitives, then includes this header once:
+ *
+ *   attn_quantize_q(q float[rows, hd], rows, hd, qq int8[rows, hd], qd float[rows, hd/QK])
+ *       exactly quantize_rows_q8;
+ *   attn_scores_{q8,q4,f32}(query, group, hd, k rows, k scales, n, scale, s float[group, ld], ld)
+ *       s[g, j] = score of query head g against key row j (already times `scale`);
+ *   attn_accum_{q8,q4,f32}(v rows, v scales, n, group, hd, w float[group, ld], ld, acc float[group, hd])
+ *       acc[g, :] += sum_j w[g, j] * dequant(v row j);
+ *   attn_max(s, n) -> max_j s[j];   attn_exp_shift(s, n, m): s[j] = exp(s[j] - m), returns the sum;
+ *   attn_scale(x, n, r): x *= r.
+ *
+ * Blocked online softmax: per listed KV block, the scores of its visible rows are computed
+ * for all heads of the group, each head's running max is raised once for the block (one
+ * rescale of acc and of the sum), then V rows are read once and accumulated for all heads.
+ * Every K and V row is read exactly once per (query, kv head).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+enum { ATTN_KV_Q8, ATTN_KV_Q4, ATTN_KV_F32 };
+
+static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                                     int64_t hd, const void *k, const float *ks, const void *v,
+                                     const float *vs, int64_t bs, const int32_t *table,
+                                     const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                                     int64_t table_stride, const int32_t *qpos, float scale,
+                                     float *out, int nthreads)
+{
+    const int64_t nb = hd / QK;
+    const int64_t Hq = n_kv * group;
+    const int64_t npairs = T * n_kv;
+    if (npairs <= 0)
+        return;
+    int nt = kernels_threads(nthreads);
+    if (nt > npairs)
+        nt = (int)npairs;
+
+    /* Row geometry of one (block, kv head) slab of the cache: bs rows. */
+    const int64_t row_elems = hd;                               /* elements per K/V row */
+    const int64_t scales_per_row = kind == ATTN_KV_Q4 ? nb : 1; /* q8: per row, q4: per 32-block */
+
+    /* Scratch, per thread, once per call (64-byte aligned slices):
+     *   qq int8[group, hd], qd float[group, nb], acc float[group, hd],
+     *   s float[group, ld] (scores, then softmax weights), m/l float[group] (running max, sum). */
+    const int64_t ld = (bs + 15) & ~(int64_t)15;
+    const size_t sz_qq = (size_t)((group * hd + 63) & ~(int64_t)63);
+    const size_t sz_qd = (size_t)group * nb * sizeof(float);
+    const size_t sz_acc = (size_t)group * hd * sizeof(float);
+    const size_t sz_s = (size_t)group * ld * sizeof(float);
+    const size_t sz_ml = (size_t)group * sizeof(float);
+    const size_t a64 = 63;
+    const size_t scratch = sz_qq + ((sz_qd + a64) & ~a64) + ((sz_acc + a64) & ~a64) +
+                           ((sz_s + a64) & ~a64) + 2 * ((sz_ml + a64) & ~a64);
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        unsigned char *base = NULL;
+        if (posix_memalign((void **)&base, 64, scratch) != 0)
+            base = NULL;
+        unsigned char *p = base;
+        int8_t *qq = (int8_t *)p;              p += sz_qq;
+        float *qd = (float *)p;                p += (sz_qd + a64) & ~a64;
+        float *acc = (float *)p;               p += (sz_acc + a64) & ~a64;
+        float *s = (float *)p;                 p += (sz_s + a64) & ~a64;
+        float *mx = (float *)p;                p += (sz_ml + a64) & ~a64;
+        float *sum = (float *)p;
+
+        /* Latest queries see the most rows: hand them out first so dynamic scheduling balances. */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t pair = 0; pair < npairs; pair++) {
+            const int64_t t = T - 1 - pair / n_kv;
+            const int64_t h = pair % n_kv;
+            const float *qt = q + (t * Hq + h * group) * hd;   /* float[group, hd] */
+            float *ot = out + (t * Hq + h * group) * hd;       /* float[group, hd] */
+            if (base == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
+                for (int64_t i = 0; i < group * hd; i++)
+                    ot[i] = NAN;
+                continue;
+            }
+            if (kind != ATTN_KV_F32)
+                attn_quantize_q(qt, group, hd, qq, qd);
+            for (int64_t g = 0; g < group; g++) {
+                mx[g] = -INFINITY;
+                sum[g] = 0.0f;
+            }
+            memset(acc, 0, sz_acc);
+
+            for (int64_t i = 0; i < nsel; i++) {
+                const int64_t idx = h * table_stride + i;
+                const int64_t p0 = (int64_t)blockpos[idx] * bs;
+                int64_t n = count[idx];
+                const int64_t visible = (int64_t)qpos[t] - p0 + 1;
+                if (visible < n)
+                    n = visible;
+                if (n <= 0)
+                    continue;
+                const int64_t row0 = ((int64_t)table[idx] * n_kv + h) * bs;  /* first row of the slab */
+
+                if (kind == ATTN_KV_Q8)
+                    attn_scores_q8(qq, qd, group, hd, (const int8_t *)k + row0 * row_elems,
+                                   ks + row0, n, scale, s, ld);
+                else if (kind == ATTN_KV_Q4)
+                    attn_scores_q4(qq, qd, group, hd, (const uint8_t *)k + row0 * row_elems / 2,
+                                   ks + row0 * scales_per_row, n, scale, s, ld);
+                else
+                    attn_scores_f32(qt, group, hd, (const float *)k + row0 * row_elems, n, scale, s, ld);
+
+                for (int64_t g = 0; g < group; g++) {
+                    float *sg = s + g * ld;
+                    const float bmax = attn_max(sg, n);
+                    if (bmax > mx[g]) {
+                        if (mx[g] > -INFINITY) {   /* nothing accumulated yet otherwise */
+                            const float r = expf(mx[g] - bmax);
+                            sum[g] *= r;
+                            attn_scale(acc + g * hd, hd, r);
+                        }
+                        mx[g] = bmax;
+                    }
+                    sum[g] += attn_exp_shift(sg, n, mx[g]);
+                }
+
+                if (kind == ATTN_KV_Q8)
+                    attn_accum_q8((const int8_t *)v + row0 * row_elems, vs + row0, n, group, hd, s, ld, acc);
+                else if (kind == ATTN_KV_Q4)
+                    attn_accum_q4((const uint8_t *)v + row0 * row_elems / 2, vs + row0 * scales_per_row,
+                                  n, group, hd, s, ld, acc);
+                else
+                    attn_accum_f32((const float *)v + row0 * row_elems, n, group, hd, s, ld, acc);
+            }
+
+            /* A query that sees no row gets zeros, not 0/0. */
+            for (int64_t g = 0; g < group; g++) {
+                const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f;
+                for (int64_t d = 0; d < hd; d++)
+                    ot[g * hd + d] = acc[g * hd + d] * inv;
+            }
+        }
+        free(base);
+    }
+}
+
+void ATTN_NAME(attention_q8)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                             const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                             int64_t bs, const int32_t *table, const int32_t *blockpos,
+                             const int32_t *count, int64_t nsel, int64_t table_stride,
+                             const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    ATTN_NAME(attention_run)(ATTN_KV_Q8, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
+                             count, nsel, table_stride, qpos, scale, out, nthreads);
+}
+
+void ATTN_NAME(attention_q4)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                             const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                             int64_t bs, const int32_t *table, const int32_t *blockpos,
+                             const int32_t *count, int64_t nsel, int64_t table_stride,
+                             const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    ATTN_NAME(attention_run)(ATTN_KV_Q4, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
+                             count, nsel, table_stride, qpos, scale, out, nthreads);
+}
+
+void ATTN_NAME(attention_f32)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                              const float *k, const float *v,
+                              int64_t bs, const int32_t *table, const int32_t *blockpos,
+                              const int32_t *count, int64_t nsel, int64_t table_stride,
+                              const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    ATTN_NAME(attention_run)(ATTN_KV_F32, q, T, n_kv, group, hd, k, NULL, v, NULL, bs, table,
+                             blockpos, count, nsel, table_stride, qpos, scale, out, nthreads);
+}

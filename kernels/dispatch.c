@@ -1,0 +1,150 @@
+/*
+ * What this build is, and whether this CPU can run it.
+ * Where no SIMD path is compiled, every *_simd is its *_portable twin (the one place that says so).
+ */
+#include "internal.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#  include <sys/auxv.h>
+#  include <asm/hwcap.h>
+#endif
+
+#if !defined(KERNELS_HAVE_SIMD)
+
+void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, float *d)
+{
+    quantize_rows_q8_portable(x, M, K, q, d);
+}
+
+void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_q8_portable(wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_q4_portable(wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
+{
+    rmsnorm_portable(x, w, M, D, eps, out);
+}
+
+void rope_simd(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, const float *inv_freq)
+{
+    rope_portable(x, M, H, hd, pos, inv_freq);
+}
+
+void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
+{
+    silu_mul_portable(gate, up, n, out);
+}
+
+void attention_q8_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    attention_q8_portable(q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count, nsel,
+                          table_stride, qpos, scale, out, nthreads);
+}
+
+void attention_q4_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    attention_q4_portable(q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count, nsel,
+                          table_stride, qpos, scale, out, nthreads);
+}
+
+void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                        const float *k, const float *v,
+                        int64_t bs, const int32_t *table, const int32_t *blockpos,
+                        const int32_t *count, int64_t nsel, int64_t table_stride,
+                        const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    attention_f32_portable(q, T, n_kv, group, hd, k, v, bs, table, blockpos, count, nsel,
+                           table_stride, qpos, scale, out, nthreads);
+}
+
+#endif /* !KERNELS_HAVE_SIMD */
+
+const char *kernel_path(void)
+{
+#if defined(KERNELS_AVX2)
+    return "avx2";
+#elif defined(KERNELS_NEON_DOTPROD)
+    return "neon-dotprod";
+#elif defined(KERNELS_NEON)
+    return "neon";
+#else
+    return "portable";
+#endif
+}
+
+int kernel_cpu_supported(void)
+{
+#if defined(KERNELS_AVX2)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#elif defined(KERNELS_NEON) && defined(__linux__)
+    /* /proc/cpuinfo lies under qemu-user (it shows the host); the auxiliary vector does not. */
+    const unsigned long hw = getauxval(AT_HWCAP);
+#  if defined(KERNELS_NEON_DOTPROD)
+    return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
+#  else
+    return (hw & HWCAP_ASIMD) != 0;
+#  endif
+#else
+    return 1;   /* portable C (or a NEON build off Linux, where we cannot ask): runs anywhere it built */
+#endif
+}
+
+static void append_word(char *buf, size_t cap, const char *word)
+{
+    if (strlen(buf) + strlen(word) + 2 > cap)
+        return;
+    if (buf[0])
+        strcat(buf, " ");
+    strcat(buf, word);
+}
+
+const char *kernel_cpu_features(void)
+{
+    static char buf[160];
+    buf[0] = '\0';
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    /* __builtin_cpu_supports takes only string literals, hence the macro. */
+#  define FEATURE(name) if (__builtin_cpu_supports(name)) append_word(buf, sizeof buf, name)
+    FEATURE("sse4.2");
+    FEATURE("avx");
+    FEATURE("avx2");
+    FEATURE("fma");
+    FEATURE("f16c");
+    FEATURE("avx512f");
+    FEATURE("avx512bw");
+    FEATURE("avx512vnni");
+#  if defined(__GNUC__) && __GNUC__ >= 11
+    FEATURE("avxvnni");
+#  endif
+#  undef FEATURE
+#elif defined(__aarch64__) && defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & HWCAP_ASIMD) append_word(buf, sizeof buf, "asimd");
+    if (hw & HWCAP_ASIMDDP) append_word(buf, sizeof buf, "asimddp");
+    if (hw & HWCAP_FPHP) append_word(buf, sizeof buf, "fphp");
+    if (hw & HWCAP_ASIMDHP) append_word(buf, sizeof buf, "asimdhp");
+#  ifdef HWCAP_SVE
+    if (hw & HWCAP_SVE) append_word(buf, sizeof buf, "sve");
+#  endif
+#endif
+    return buf;
+}

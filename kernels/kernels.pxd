@@ -1,0 +1,65 @@
+# The kernel contract (kernels/kernels.h), declared once for Cython. Everything is nogil:
+# no kernel touches a Python object. Axis names follow the header: N out features,
+# K in features, M rows, T queries, hd head_dim.
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t
+
+cdef extern from "kernels.h" nogil:
+    enum: QK
+
+    # C names that the module's own Python functions reuse get a c_ prefix here.
+    float c_fp16_to_fp32 "fp16_to_fp32"(uint16_t h)
+    uint16_t c_fp32_to_fp16 "fp32_to_fp16"(float f)
+
+    void quantize_rows_q8_portable(const float *x__mk, int64_t M, int64_t K, int8_t *q__mk, float *d__mb)
+    void quantize_rows_q8_simd(const float *x__mk, int64_t M, int64_t K, int8_t *q__mk, float *d__mb)
+
+    void gemm_q8_portable(const int8_t *wq__nk, const uint16_t *wd__nb, int64_t N, int64_t K,
+                          const int8_t *xq__mk, const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+    void gemm_q8_simd(const int8_t *wq__nk, const uint16_t *wd__nb, int64_t N, int64_t K,
+                      const int8_t *xq__mk, const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+    void gemm_q4_portable(const uint8_t *wq__nk2, const uint16_t *wd__nb, int64_t N, int64_t K,
+                          const int8_t *xq__mk, const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+    void gemm_q4_simd(const uint8_t *wq__nk2, const uint16_t *wd__nb, int64_t N, int64_t K,
+                      const int8_t *xq__mk, const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+
+    void rmsnorm_portable(const float *x__md, const float *w__d, int64_t M, int64_t D, float eps, float *out__md)
+    void rmsnorm_simd(const float *x__md, const float *w__d, int64_t M, int64_t D, float eps, float *out__md)
+    void rope_portable(float *x__mhd, int64_t M, int64_t H, int64_t hd, const int32_t *pos__m, const float *inv_freq__h)
+    void rope_simd(float *x__mhd, int64_t M, int64_t H, int64_t hd, const int32_t *pos__m, const float *inv_freq__h)
+    void silu_mul_portable(const float *gate, const float *up, int64_t n, float *out)
+    void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
+
+    void attention_q8_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                               const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                               int64_t bs, const int32_t *table, const int32_t *blockpos,
+                               const int32_t *count, int64_t nsel, int64_t table_stride,
+                               const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_q8_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                           const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                           int64_t bs, const int32_t *table, const int32_t *blockpos,
+                           const int32_t *count, int64_t nsel, int64_t table_stride,
+                           const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_q4_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                               const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                               int64_t bs, const int32_t *table, const int32_t *blockpos,
+                               const int32_t *count, int64_t nsel, int64_t table_stride,
+                               const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_q4_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                           const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                           int64_t bs, const int32_t *table, const int32_t *blockpos,
+                           const int32_t *count, int64_t nsel, int64_t table_stride,
+                           const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_f32_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                                const float *k, const float *v,
+                                int64_t bs, const int32_t *table, const int32_t *blockpos,
+                                const int32_t *count, int64_t nsel, int64_t table_stride,
+                                const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                            const float *k, const float *v,
+                            int64_t bs, const int32_t *table, const int32_t *blockpos,
+                            const int32_t *count, int64_t nsel, int64_t table_stride,
+                            const int32_t *qpos, float scale, float *out, int nthreads)
+
+    const char *c_kernel_path "kernel_path"()
+    int kernel_cpu_supported()
+    const char *kernel_cpu_features()

@@ -1,0 +1,2 @@
+/* AVX2 path: filled in next. */
+#include "../internal.h"

@@ -1,0 +1,142 @@
+"""Numpy references and case builders for the kernel tests (float64 where it is the definition).
+
+The quantized formats come from appliance.quant (the lead's reference); what is here is the
+attention definition of kernels.h and helpers to build paged caches with scattered tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from appliance import quant
+
+PATHS = ("portable", "simd")
+
+
+def gemm_abs_bound(wq, wd, xq, xd, q4: bool = False) -> np.ndarray:
+    """float64[M, N]: sum_b |dot_b * scale_b|, the scale of the float rounding in a GEMM."""
+    w = quant.unpack_q4(wq) if q4 else wq
+    n, k = w.shape
+    m = xq.shape[0]
+    dots = np.einsum("mbi,nbi->mnb", xq.reshape(m, -1, quant.QK).astype(np.int64),
+                     w.reshape(n, -1, quant.QK).astype(np.int64))
+    scale = xd.astype(np.float64)[:, None, :] * wd.astype(np.float64)[None, :, :]
+    return np.abs(dots * scale).sum(axis=-1)
+
+
+def quantize_q_rows(q: np.ndarray) -> np.ndarray:
+    """q float[T, Hq, hd] -> float64 dequantized int8-per-32-block q, as the kernels quantize it."""
+    t, hq, hd = q.shape
+    qq, qd = quant.quantize_rows_q8(q.reshape(t * hq, hd))
+    deq = qq.reshape(t * hq, -1, quant.QK).astype(np.float64) * qd.astype(np.float64)[..., None]
+    return deq.reshape(t, hq, hd)
+
+
+@dataclass
+class PagedCase:
+    """One layer's paged cache plus a query batch, in every KV format.
+
+    k_f32/v_f32: float32[nblk, n_kv, bs, hd] (the unquantized rows; unused slots are garbage)
+    table/blockpos/count: int32[nsel] (shared) or int32[n_kv, nsel] (per head)
+    """
+    q: np.ndarray
+    k_f32: np.ndarray
+    v_f32: np.ndarray
+    table: np.ndarray
+    blockpos: np.ndarray
+    count: np.ndarray
+    qpos: np.ndarray
+    scale: float
+
+    @property
+    def n_kv(self) -> int:
+        return self.k_f32.shape[1]
+
+    def q8(self):
+        kq, ks = quant.quantize_kv_q8(self.k_f32)
+        vq, vs = quant.quantize_kv_q8(self.v_f32)
+        k_deq = kq.astype(np.float64) * ks.astype(np.float64)[..., None]
+        v_deq = vq.astype(np.float64) * vs.astype(np.float64)[..., None]
+        return (kq, ks, vq, vs), k_deq, v_deq
+
+    def q4(self):
+        kq, ks = quant.quantize_kv_q4(self.k_f32)
+        vq, vs = quant.quantize_kv_q4(self.v_f32)
+        shape = self.k_f32.shape
+
+        def deq(qs, d):
+            x = quant.unpack_q4(qs).astype(np.float64).reshape(*shape[:-1], -1, quant.QK)
+            return (x * d.astype(np.float64)[..., None]).reshape(shape)
+
+        return (kq, ks, vq, vs), deq(kq, ks), deq(vq, vs)
+
+
+def make_case(rng, T, n_kv, group, hd, bs, context, per_head=False, nsel=None, scatter=True,
+              qpos=None, spare_blocks=3, scale=None, kscale=1.0) -> PagedCase:
+    """A cache holding `context` tokens in ceil(context/bs) logical blocks, placed at scattered
+    physical blocks (plus spare unused ones). Queries default to the last T positions (causal
+    prefill chunk / decode). per_head selects `nsel` logical blocks per kv head (sparse lists)."""
+    nlog = -(-context // bs)
+    nblk = nlog + spare_blocks
+    phys = rng.permutation(nblk)[:nlog] if scatter else np.arange(nlog)
+    k = (rng.standard_normal((nblk, n_kv, bs, hd)) * kscale).astype(np.float32)
+    v = rng.standard_normal((nblk, n_kv, bs, hd)).astype(np.float32)
+    counts = np.full(nlog, bs, dtype=np.int32)
+    counts[-1] = context - (nlog - 1) * bs
+    if per_head:
+        nsel = nlog if nsel is None else min(nsel, nlog)
+        rows = [np.sort(rng.choice(nlog, size=nsel, replace=False)) for _ in range(n_kv)]
+        logical = np.stack(rows).astype(np.int32)                 # int32[n_kv, nsel]
+    else:
+        logical = np.arange(nlog, dtype=np.int32)                 # int32[nlog]
+    table = phys[logical].astype(np.int32)
+    count = counts[logical].astype(np.int32)
+    if qpos is None:
+        qpos = np.arange(context - T, context, dtype=np.int32)
+    q = rng.standard_normal((T, n_kv * group, hd)).astype(np.float32)
+    if scale is None:
+        scale = 1.0 / np.sqrt(hd)
+    return PagedCase(q, k, v, table, logical.astype(np.int32), count, np.asarray(qpos, np.int32),
+                     float(scale))
+
+
+def attention_reference(q_deq, k_deq, v_deq, table, blockpos, count, qpos, scale) -> np.ndarray:
+    """float64[T, Hq, hd]: softmax over the visible rows of each query, as kernels.h defines it.
+    q_deq float[T, Hq, hd]; k_deq/v_deq float[nblk, n_kv, bs, hd] (dequantized)."""
+    t_n, hq, hd = q_deq.shape
+    _, n_kv, bs, _ = k_deq.shape
+    group = hq // n_kv
+    out = np.zeros((t_n, hq, hd))
+    for h in range(n_kv):
+        tab = table if table.ndim == 1 else table[h]
+        bp = blockpos if blockpos.ndim == 1 else blockpos[h]
+        cnt = count if count.ndim == 1 else count[h]
+        rows_k, rows_v, pos = [], [], []
+        for phys, lb, c in zip(tab, bp, cnt):
+            rows_k.append(k_deq[phys, h, :c])
+            rows_v.append(v_deq[phys, h, :c])
+            pos.append(int(lb) * bs + np.arange(c))
+        if not rows_k:
+            continue
+        K = np.concatenate(rows_k)
+        V = np.concatenate(rows_v)
+        P = np.concatenate(pos)
+        for t in range(t_n):
+            vis = P <= qpos[t]
+            if not vis.any():
+                continue
+            qh = q_deq[t, h * group:(h + 1) * group].astype(np.float64)   # [group, hd]
+            s = (qh @ K[vis].T) * scale
+            s -= s.max(axis=1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(axis=1, keepdims=True)
+            out[t, h * group:(h + 1) * group] = p @ V[vis]
+    return out
+
+
+def nmse(x, ref) -> float:
+    """Normalized mean squared error, as llama.cpp's test-backend-ops measures it."""
+    ref = np.asarray(ref, dtype=np.float64)
+    den = float(np.sum(ref * ref))
+    return float(np.sum((np.asarray(x, np.float64) - ref) ** 2) / den) if den > 0 else 0.0

@@ -1,0 +1,101 @@
+"""rmsnorm, rope, silu_mul against numpy float64."""
+import numpy as np
+import pytest
+
+from appliance import _kernels as K
+
+from kernels_reference import PATHS
+
+RMSNORM_RTOL = 2e-6      # float32 sum of squares over D (SIMD lanes) against float64
+ROPE_ATOL = 2e-6         # relative to max|x|: cos/sin of the same float32 angle, one rotation
+SILU_RTOL = 2e-6         # vectorised exp is within a few ulp of expf
+
+
+def _rmsnorm_ref(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,d", [(1, 1024), (3, 128), (5, 7), (64, 3072), (2, 1)])
+def test_rmsnorm(path, m, d):
+    rng = np.random.default_rng(m * d)
+    x = (rng.standard_normal((m, d)) * 3).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    ref = _rmsnorm_ref(x, w, 1e-6)
+    y = K.rmsnorm(x, w, 1e-6, path=path)
+    np.testing.assert_allclose(y, ref, rtol=RMSNORM_RTOL, atol=RMSNORM_RTOL * np.abs(ref).max())
+    # in place
+    x2 = x.copy()
+    assert K.rmsnorm(x2, w, 1e-6, out=x2, path=path) is x2
+    np.testing.assert_array_equal(x2, y)
+
+
+def test_rmsnorm_zero_row_is_finite():
+    x = np.zeros((2, 64), np.float32)
+    for path in PATHS:
+        y = K.rmsnorm(x, np.ones(64, np.float32), 1e-6, path=path)
+        assert np.isfinite(y).all() and not y.any()
+
+
+def _rope_ref(x, pos, inv_freq):
+    half = x.shape[-1] // 2
+    ang = pos.astype(np.float32)[:, None] * inv_freq[None, :]          # float32, as the contract
+    c = np.cos(ang.astype(np.float64))[:, None, :]
+    s = np.sin(ang.astype(np.float64))[:, None, :]
+    x0 = x[..., :half].astype(np.float64)
+    x1 = x[..., half:].astype(np.float64)
+    return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,h,hd", [(1, 16, 128), (3, 8, 64), (17, 2, 256), (2, 3, 6)])
+def test_rope(path, m, h, hd):
+    rng = np.random.default_rng(m * h * hd)
+    x = rng.standard_normal((m, h, hd)).astype(np.float32)
+    pos = rng.integers(0, 40960, m).astype(np.int32)
+    inv_freq = (1.0 / (1e6 ** (np.arange(0, hd, 2, dtype=np.float32) / hd))).astype(np.float32)
+    ref = _rope_ref(x, pos, inv_freq)
+    y = x.copy()
+    assert K.rope(y, pos, inv_freq, path=path) is None
+    np.testing.assert_allclose(y, ref, rtol=0, atol=ROPE_ATOL * np.abs(x).max())
+
+
+def test_rope_paths_agree():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 4, 128)).astype(np.float32)
+    pos = np.arange(100, 109, dtype=np.int32)
+    inv_freq = (1.0 / (1e6 ** (np.arange(0, 128, 2, dtype=np.float32) / 128))).astype(np.float32)
+    a, b = x.copy(), x.copy()
+    K.rope(a, pos, inv_freq, path="portable")
+    K.rope(b, pos, inv_freq, path="simd")
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 33), (16, 3072), (2, 3, 5)])
+def test_silu_mul(path, shape):
+    rng = np.random.default_rng(sum(shape))
+    g = (rng.standard_normal(shape) * 4).astype(np.float32)
+    u = rng.standard_normal(shape).astype(np.float32)
+    g64 = g.astype(np.float64)
+    ref = g64 / (1 + np.exp(-g64)) * u
+    y = K.silu_mul(g, u, path=path)
+    assert y.shape == shape
+    np.testing.assert_allclose(y, ref, rtol=SILU_RTOL, atol=1e-30)
+    g2 = g.copy()
+    assert K.silu_mul(g2, u, out=g2, path=path) is g2
+    np.testing.assert_array_equal(g2, y)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_silu_mul_extremes(path):
+    g = np.array([-200, -100, -88.5, -87, -20, -1e-30, 0, 1e-30, 20, 88, 89, 100, 200, 3e38],
+                 np.float32)
+    u = np.ones_like(g)
+    y = K.silu_mul(g, u, path=path)
+    assert np.isfinite(y).all()
+    g64 = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ref = g64 / (1 + np.exp(-g64))
+    np.testing.assert_allclose(y, ref, rtol=SILU_RTOL, atol=1e-35)
