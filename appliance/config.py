@@ -38,6 +38,7 @@ class Settings:
     kv: str = "q8"                    # KV cache format: q8 | q4 | f32
     threads: int | None = None        # compute threads; None lets the engine choose
     max_context: int | None = None    # cap on context tokens; None = the model's own
+    kv_cache_tokens: int | None = None  # KV pool size in tokens, shared by all sequences; None = engine's
     sparse_attn: bool = False         # block-sparse attention (see ENGINE.md)
     sparse_k: int = 32
     sparse_block: int = 32
@@ -173,6 +174,8 @@ def validate(s: Settings) -> Settings:
     check(bool(s.host.strip()), "host: must not be empty")
     check(s.threads is None or 1 <= s.threads <= 256, f"threads: {s.threads} is outside 1..256")
     check(s.max_context is None or s.max_context >= 16, f"max_context: {s.max_context} is below 16")
+    check(s.kv_cache_tokens is None or s.kv_cache_tokens >= 64,
+          f"kv_cache_tokens: {s.kv_cache_tokens} is below 64")
     for key in ("sparse_k", "sparse_block", "sparse_probe"):
         check(getattr(s, key) >= 1, f"{key}: {getattr(s, key)} must be at least 1")
     check(0 <= s.max_queue <= 4096, f"max_queue: {s.max_queue} is outside 0..4096")

@@ -11,7 +11,8 @@ import platform
 from importlib import metadata
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
-                               CONTENT_TYPE_LATEST, GCCollector, PlatformCollector, ProcessCollector)
+                               CONTENT_TYPE_LATEST, GCCollector, PlatformCollector, ProcessCollector,
+                               disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.profiler import DecodeStats, PrefillStats
@@ -62,7 +63,10 @@ class _LiveCollector:
                                 "Longest context among running requests, in tokens.")
         ctx_sum = GaugeMetricFamily("appliance_running_context_tokens",
                                     "Context tokens held by all running requests together.")
+        preempted = CounterMetricFamily("appliance_kv_preemptions",
+                                        "Requests ended early because the KV cache could not grow.")
         if state is not None:
+            preempted.add_metric([], sched.preemptions)
             running.add_metric([], state.running)
             waiting.add_metric([], state.waiting)
             used.add_metric([], state.kv_blocks_used)
@@ -70,7 +74,7 @@ class _LiveCollector:
             usage.add_metric([], state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
             ctx.add_metric([], max(state.contexts, default=0))
             ctx_sum.add_metric([], sum(state.contexts))
-        yield from (running, waiting, used, total, usage, ctx, ctx_sum)
+        yield from (running, waiting, used, total, usage, ctx, ctx_sum, preempted)
 
     def _thermal(self):
         monitor = self.owner.thermal
@@ -115,6 +119,7 @@ class Metrics:
     """Owns one registry (so several apps can live in one test process)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, process_metrics: bool = True):
+        disable_created_metrics()   # process-wide: the *_created series only double the scrape
         r = self.registry = registry or CollectorRegistry()
         self.scheduler = None
         self.thermal = None

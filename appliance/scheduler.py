@@ -134,6 +134,8 @@ class Scheduler:
         self._step_prompt = 0        # tokens prefilled / generated in the current step
         self._step_generated = 0
         self._avg_e2e = 5.0
+        self.block_size = int(engine.info().get("kv_block_size") or 32)
+        self.preemptions = 0         # sequences ended early because the KV pool was full
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
@@ -239,7 +241,7 @@ class Scheduler:
             elif not self._admit(req):
                 self._requeue(admit[i:])
                 break
-        live = [r for r in self.running if r.seq is not None and not r.seq.done]
+        live = self._make_room_to_grow([r for r in self.running if r.seq is not None and not r.seq.done])
         if live:
             events = self.engine.decode([r.seq for r in live])
             for req, ev in zip(live, events):
@@ -272,7 +274,9 @@ class Scheduler:
             self.waiting.extendleft(reversed(reqs))
 
     def _admit(self, req: Request) -> bool:
-        """Start and prefill one request. False: no KV blocks now, try again later."""
+        """Start and prefill one request. False: not enough KV blocks now, try again later."""
+        if self.running and not self._kv_room_for(len(req.prompt_ids)):
+            return False
         try:
             req.seq = self.engine.start(req.prompt_ids, req.params)
         except KVCacheFullError:
@@ -285,12 +289,44 @@ class Scheduler:
         except ContextLengthError as e:
             self._finish(req, Finished("error", None, str(e), code="context_length_exceeded"))
             return True
+        except ValueError as e:    # e.g. a token id outside the vocabulary
+            self._finish(req, Finished("error", None, str(e), code="invalid_value"))
+            return True
         req.admitted_at = time.monotonic()
         self.running.append(req)
         self._step_prompt += len(req.prompt_ids)
-        ev = self.engine.prefill(req.seq)
+        try:
+            ev = self.engine.prefill(req.seq)
+        except Exception as e:      # this request's failure only; the batch goes on
+            log.exception("prefill failed")
+            self._finish(req, Finished("error", None, f"prefill failed: {e}"))
+            return True
         self._deliver(req, ev)
         return True
+
+    def _kv_room_for(self, prompt_tokens: int) -> bool:
+        """Admit only if the prompt fits and every running sequence can still grow a block."""
+        free = self.engine.kv_blocks_total - self.engine.kv_blocks_used
+        need = -(-prompt_tokens // self.block_size)
+        return free - need >= len(self.running) + 1
+
+    def _make_room_to_grow(self, live: list[Request]) -> list[Request]:
+        """Before a decode step: a sequence whose context sits on a block boundary needs one
+        new block. If the pool cannot give every such sequence its block, the most recently
+        admitted sequences end now (finish_reason "length": their context cannot grow)."""
+        live = list(live)
+        while live:
+            free = self.engine.kv_blocks_total - self.engine.kv_blocks_used
+            growing = sum(1 for r in live if r.seq.n_context % self.block_size == 0)
+            if growing <= free:
+                return live
+            victim = max(live, key=lambda r: r.admitted_at or 0.0)
+            live.remove(victim)
+            self.preemptions += 1
+            log.warning("KV cache full: ending request %d after %d tokens", victim.id, victim.completion_tokens)
+            self._finish(victim, Finished("length", "length", "", len(victim.prompt_ids),
+                                          victim.completion_tokens))
+        return live
 
     def _deliver(self, req: Request, ev) -> None:
         if req.first_token_at is None:

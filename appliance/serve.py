@@ -24,7 +24,7 @@ from appliance.config import KV_FORMATS, WEIGHT_FORMATS, ConfigError, Settings, 
 log = logging.getLogger("appliance.serve")
 
 # flag dest -> settings key (flags left at None mean "not given": file/env/defaults apply)
-FLAG_KEYS = ("model", "host", "port", "api_key", "weights", "kv", "threads", "max_context",
+FLAG_KEYS = ("model", "host", "port", "api_key", "weights", "kv", "threads", "max_context", "kv_cache_tokens",
              "sparse_attn", "sparse_k", "sparse_block", "sparse_probe", "max_queue", "max_batch",
              "request_timeout", "max_body_bytes", "grace_period", "log_level")
 
@@ -44,6 +44,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sparse-probe", type=int, metavar="N", help="probe samples per block (default 8)")
     a("--threads", type=int, metavar="N", help="compute threads (default: the engine's choice)")
     a("--max-context", type=int, metavar="N", help="cap on context tokens (default: the model's)")
+    a("--kv-cache-tokens", type=int, metavar="N", help="KV pool size in tokens, shared by all sequences")
     a("--max-queue", type=int, metavar="N", help="requests waiting for a slot before 503 (default 16)")
     a("--max-batch", type=int, metavar="N", help="sequences decoded together (default 8)")
     a("--request-timeout", type=float, metavar="S", help="per-request time limit in seconds (default 600)")
@@ -87,7 +88,7 @@ def gunicorn_options(settings: Settings, control_socket: str | None = None) -> d
         "worker_class": "gthread",
         "threads": settings.http_threads,
         "timeout": 120,                          # heartbeat only: gthread's main loop keeps beating
-        "graceful_timeout": settings.grace_period + 5,
+        "graceful_timeout": int(settings.grace_period) + 5,
         "keepalive": 5,
         "proc_name": f"appliance:{settings.port}",
         "accesslog": None,
@@ -104,9 +105,9 @@ def gunicorn_options(settings: Settings, control_socket: str | None = None) -> d
 
 def _when_ready(server) -> None:
     settings = server.app.settings
-    print(f"appliance: serving on {dashboard_url(settings)} (dashboard: {dashboard_url(settings)}) "
-          f"- model {'embedded demo' if settings.model is None else settings.model} is loading",
-          flush=True)
+    model = "the embedded demo model" if settings.model is None else settings.model
+    print(f"appliance: dashboard and API at {dashboard_url(settings)} (loading {model}; "
+          f"/health turns 200 when ready)", flush=True)
 
 
 def _post_worker_init(worker) -> None:

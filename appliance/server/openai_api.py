@@ -19,7 +19,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from appliance.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
 from appliance.server.validation import (GenerationRequest, check_model, get_bool, parse_chat,
-                                         parse_completion, parse_messages, read_json_body)
+                                         parse_completion, parse_messages, read_json_body, render_chat)
 
 bp = Blueprint("openai", __name__)
 
@@ -78,7 +78,7 @@ def tokenize():
     tok = rt.engine.tokenizer
     if "messages" in body:
         messages = parse_messages(body)
-        text = tok.apply_chat_template(messages, add_generation_prompt=get_bool(body, "add_generation_prompt", True))
+        text = render_chat(rt.engine, messages, get_bool(body, "add_generation_prompt", True))
     elif "prompt" in body:
         text = body["prompt"]
         if not isinstance(text, str):
@@ -188,7 +188,7 @@ def _failure(fin: Finished) -> APIError:
     if fin.outcome in ("shutdown", "cancelled"):
         return APIError(fin.message or "the request was cancelled", 503, code=fin.outcome,
                         headers={"Retry-After": "5"})
-    if fin.code == "context_length_exceeded":
+    if fin.code in ("context_length_exceeded", "invalid_value"):
         return APIError(fin.message, 400, code=fin.code)
     return APIError(fin.message or "generation failed", 500, code="internal_error", type="server_error")
 

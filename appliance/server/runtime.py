@@ -53,8 +53,9 @@ class Runtime:
         t0 = time.perf_counter()
         try:
             from appliance import Engine
+            extra = {"kv_cache_tokens": s.kv_cache_tokens} if s.kv_cache_tokens else {}
             engine = Engine.load(path=s.model, weights=s.weights, kv=s.kv, threads=s.threads,
-                                 max_context=s.max_context, sparse=s.sparse_config())
+                                 max_context=s.max_context, sparse=s.sparse_config(), **extra)
         except Exception as e:
             self.status = "failed"
             self.error = f"{type(e).__name__}: {e}"

@@ -174,6 +174,14 @@ def parse_messages(body: dict) -> list[dict]:
     return out
 
 
+def render_chat(engine, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The model's own chat template; a template that refuses the messages is a 400."""
+    try:
+        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise APIError(f"messages: {e}", param="messages", code="invalid_messages") from None
+
+
 def check_fits(n_prompt: int, max_context: int, param: str) -> None:
     if n_prompt + 1 > max_context:
         raise APIError(f"the prompt is {n_prompt} tokens long but the model's context is {max_context} tokens "
@@ -205,6 +213,8 @@ def sampling_params(body: dict, engine, n_prompt: int, logprobs: int | None,
     get_float(body, "frequency_penalty", -2.0, 2.0)
     top_k = get_int(body, "top_k", -1, None, defaults.get("top_k", 0))
     seed = get_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
+    if seed is not None and seed < 0:
+        seed = None                                   # some clients send -1 for "random"
     return SamplingParams(
         max_tokens=min(max_tokens or default_max_tokens or room, room),
         temperature=get_float(body, "temperature", 0.0, 2.0, defaults.get("temperature", 1.0)),
@@ -245,7 +255,7 @@ def parse_chat(body: dict, engine) -> GenerationRequest:
         raise _bad("response_format", "only {\"type\": \"text\"} is supported")
     if body.get("tools"):
         raise _bad("tools", "tool calling is not supported by this server")
-    text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    text = render_chat(engine, messages)
     prompt_ids = engine.tokenizer.encode(text)
     check_fits(len(prompt_ids), engine.max_context, "messages")
     params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None)
