@@ -45,7 +45,17 @@ extension = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
+# Block-sparse attention helpers: their own module, plain C with the same flags (kernels/sparse_attention.h).
+sparse_extension = Extension(
+    "appliance._sparse",
+    ["kernels/sparse.pyx", "kernels/sparse_attention.c"],
+    include_dirs=["kernels", numpy_include],
+    extra_compile_args=extension.extra_compile_args,
+    extra_link_args=["-fopenmp"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
 setup(
-    ext_modules=cythonize([extension], include_path=cython_include, language_level=3,
+    ext_modules=cythonize([extension, sparse_extension], include_path=cython_include, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
 )

@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from . import cpu, profiler
-from .attention import ExactAttention
 from .errors import ContextLengthError, KVCacheFullError, ModelLoadError
 from .kv_cache import KV_KINDS, PagedKVCache, SequenceBlocks
 from .models import family_for
 from .models.base import Batch, Segment
 from .ops import kernels
 from .sampling import Sampler, SamplingParams, TextStream, log_softmax
+from .sparse import SparseConfig, make_attention
 from .tokenizer import Tokenizer
 from .weights import WEIGHT_FORMATS, load_tensors
 
@@ -100,13 +100,20 @@ class Engine:
     generation_defaults: dict = field(default_factory=dict)
     prefill_chunk: int = 512
     weight_bytes: int = 0
+    sparse: SparseConfig | None = None
 
     # ---- loading -----------------------------------------------------------
     @classmethod
     def load(cls, path=None, weights: str = "q8", kv: str = "q8", threads: int | None = None,
              max_context: int | None = None, kv_cache_tokens: int | None = None,
              sparse=None, prefill_chunk: int = 512, progress: bool = True) -> "Engine":
-        """Load a Hugging Face checkpoint directory (None: the embedded demo model)."""
+        """Load a Hugging Face checkpoint directory (None: the embedded demo model).
+
+        sparse: None (exact attention), a SparseConfig, or a dict of its fields
+        ({"k": 32, "block": 32, "probe": 8}) for block-sparse attention.
+        """
+        if isinstance(sparse, dict):
+            sparse = SparseConfig(**sparse)
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
         if kv not in KV_KINDS:
@@ -133,13 +140,14 @@ class Engine:
         model = family.Model(cfg, weights, tensors)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
         cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kind=kv,
+                             block_size=sparse.block if sparse else 32,
                              capacity_tokens=max(kv_cache_tokens or limit, limit))
         engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=cache, weights=weights, kv=kv,
                      threads=threads, max_context=limit, model_dir=model_dir,
                      generation_defaults=_sampling_defaults(gen),
-                     prefill_chunk=prefill_chunk,
+                     prefill_chunk=prefill_chunk, sparse=sparse,
                      weight_bytes=sum(t.nbytes for t in tensors.values()))
-        engine._attention = ExactAttention(cache, cfg.head_dim)
+        engine._attention = make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse)
         engine._listeners = []
         return engine
 
@@ -158,6 +166,8 @@ class Engine:
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token_per_layer": self.cache.bytes_per_token_per_layer,
             "kv_blocks_total": self.cache.blocks_total, "kv_block_size": self.cache.block_size,
+            "sparse": None if self.sparse is None else {"k": self.sparse.k, "block": self.sparse.block,
+                                                         "probe": self.sparse.probe},
         }
 
     @property
@@ -194,6 +204,8 @@ class Engine:
         t0 = time.perf_counter()
         timer = profiler.StepTimer()
         ids = seq.prompt_ids
+        if self.sparse is not None:
+            seq.blocks.importance = np.zeros((self.config.num_hidden_layers, len(ids)), np.float32)
         for start in range(0, len(ids), self.prefill_chunk):
             chunk = ids[start:start + self.prefill_chunk]
             last = start + len(chunk) >= len(ids)

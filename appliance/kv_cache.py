@@ -39,6 +39,9 @@ class SequenceBlocks:
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    # float32[n_layers, prompt tokens]: attention mass each prompt token received during a
+    # sparse prefill (None when not recorded); block-sparse decode reserves blocks by it.
+    importance: np.ndarray | None = None
 
     def views(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(table, blockpos, count) int32 arrays for the attention kernels: the filled blocks in order.
@@ -112,6 +115,7 @@ class PagedKVCache:
         self._free.extend(reversed(seq.blocks))
         seq.blocks.clear()
         seq.length = 0
+        seq.importance = None
 
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:

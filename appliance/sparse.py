@@ -1,0 +1,179 @@
+"""Block-sparse attention (ENGINE.md, "Block-sparse attention"): read k blocks, not the whole context.
+
+Decode, per layer and kv head (the group's query heads choose together, so a KV
+block is still read once per group):
+  1. probe: each block's score is the max of q . K over `probe` sampled rows (max, not
+     first: a needle can sit mid-block), and over the group's query heads;
+  2. importance: (k+1)//2 blocks are reserved first by the attention mass their tokens
+     received during prefill (summed over the layer's queries and heads), ties to the
+     lower block index;
+  3. top-k fill: the other slots go to the best probe scores, ties to the lower index;
+  4. recency: the block holding the current position replaces the lowest-scoring
+     probe-selected block if it was not chosen (reserved blocks are never displaced);
+  5. exact attention over the chosen blocks only (softmax renormalized over them).
+Gate: only when seq_len > 2 * block; with no more blocks than k every block is chosen,
+which is exact attention, so the probe is skipped.
+
+Prefill works on query chunks of one KV block each: a chunk keeps its own block and
+the previous one, and fills the rest of its k by probing with the chunk's mean query.
+While it runs it records, per layer, the attention mass every prompt token receives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import ExactAttention
+from .kv_cache import PagedKVCache
+from .models.base import Batch, Segment
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    k: int = 32        # blocks kept per head
+    block: int = 32    # positions per block (the KV cache's block size)
+    probe: int = 8     # sampled rows per block
+
+    def __post_init__(self):
+        for name in ("k", "block", "probe"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sparse {name} must be >= 1, got {getattr(self, name)}")
+        if self.block % 8:
+            raise ValueError(f"sparse block must be a multiple of 8, got {self.block}")
+
+    def active(self, seq_len: int) -> bool:
+        """The gate: sparse only pays once the context is long enough."""
+        return seq_len > 2 * self.block
+
+
+def select_blocks(scores: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
+    """Chosen blocks bool[n_kv, nb] from probe scores float[n_kv, nb] and block importance float[nb].
+
+    Deterministic: stable sorts, so ties always go to the lower block index.
+    """
+    n_kv, nb = scores.shape
+    if k >= nb:
+        return np.ones((n_kv, nb), dtype=bool)
+    reserved = np.zeros(nb, dtype=bool)
+    if importance is not None and np.any(importance > 0):
+        reserved[np.argsort(-importance[:nb], kind="stable")[: (k + 1) // 2]] = True
+    remaining = k - int(reserved.sum())
+    order = np.argsort(-scores, axis=1, kind="stable")            # best first, ties: lower index
+    candidate = ~reserved[order]
+    rank = np.cumsum(candidate, axis=1)
+    take = candidate & (rank <= remaining)
+    chosen = np.zeros((n_kv, nb), dtype=bool)
+    np.put_along_axis(chosen, order, take, axis=1)
+    chosen |= reserved
+    missing = ~chosen[:, nb - 1]
+    if remaining > 0 and missing.any():
+        # The lowest-scoring probe pick is the last one taken in score order.
+        last_taken = np.argmax(take & (rank == remaining), axis=1)
+        heads = np.nonzero(missing)[0]
+        chosen[heads, order[heads, last_taken[heads]]] = False
+        chosen[heads, nb - 1] = True
+    return chosen
+
+
+def block_importance(token_importance: np.ndarray | None, nb: int, block: int) -> np.ndarray | None:
+    """Per-block sums of one layer's token importance float[n_tokens] (blocks past it: 0)."""
+    if token_importance is None:
+        return None
+    padded = np.zeros(nb * block, np.float32)
+    n = min(len(token_importance), nb * block)
+    padded[:n] = token_importance[:n]
+    return padded.reshape(nb, block).sum(axis=1)
+
+
+class SparseAttention(ExactAttention):
+    def __init__(self, cache: PagedKVCache, head_dim: int, n_layers: int, config: SparseConfig):
+        super().__init__(cache, head_dim)
+        if cache.block_size != config.block:
+            raise ValueError(f"sparse block {config.block} must equal the KV block size {cache.block_size}")
+        from . import _sparse
+        self._kernels = _sparse
+        self.config = config
+        self.n_layers = n_layers
+
+    def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
+        out = np.empty(q.shape, np.float32)
+        for seg in batch.segments:
+            rows = slice(seg.row_start, seg.row_end)
+            self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
+            if seg.row_end - seg.row_start == 1:
+                self._decode(layer, q[rows], seg, out[rows])
+            else:
+                self._prefill(layer, q[rows], seg, out[rows])
+        return out.reshape(q.shape[0], -1)
+
+    # ---- decode ------------------------------------------------------------
+    def _decode(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray) -> None:
+        nb = len(seg.table)
+        seq_len = int(seg.qpos[-1]) + 1
+        if not self.config.active(seq_len) or nb <= self.config.k:
+            self.attend(layer, q, seg, out, seg.table, seg.blockpos, seg.count)
+            return
+        scores = self._probe(layer, np.ascontiguousarray(q), seg.table, seg.count)
+        importance = seg.blocks.importance[layer] if seg.blocks.importance is not None else None
+        chosen = select_blocks(scores, block_importance(importance, nb, self.config.block), self.config.k)
+        self._attend_chosen(layer, q, seg, out, chosen, seg.table, seg.count)
+
+    # ---- prefill -----------------------------------------------------------
+    def _prefill(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray) -> None:
+        bs = self.config.block
+        importance = seg.blocks.importance[layer] if seg.blocks.importance is not None else None
+        first = seg.pos_start
+        row = 0
+        while row < len(q):
+            pos = first + row
+            own = pos // bs
+            end = min(len(q), row + (own + 1) * bs - pos)          # the rest of this KV block's queries
+            chunk = slice(row, end)
+            visible = own + 1
+            # The segment's K/V are all written already; qpos hides each query's future rows.
+            table, count = seg.table[:visible], seg.count[:visible]
+            qc = np.ascontiguousarray(q[chunk])
+            sub = Segment(seg.blocks, 0, end - row, pos, table, seg.blockpos[:visible], count,
+                          np.ascontiguousarray(seg.qpos[chunk]))
+            if not self.config.active(pos + 1) or visible <= self.config.k:
+                self.attend(layer, qc, sub, out[chunk], table, sub.blockpos, count)
+                if importance is not None:
+                    self._record(layer, qc, sub, table, sub.blockpos, count, importance)
+            else:
+                # Own block and the previous one are always kept; the rest by probing the older ones.
+                older = visible - 2
+                scores = self._probe(layer, qc.mean(axis=0, keepdims=True), table[:older], count[:older])
+                chosen = np.ones((scores.shape[0], visible), dtype=bool)
+                chosen[:, :older] = select_blocks(scores, None, self.config.k - 2)
+                tables = self._attend_chosen(layer, qc, sub, out[chunk], chosen, table, count)
+                if importance is not None:
+                    self._record(layer, qc, sub, *tables, importance)
+            row = end
+
+    # ---- helpers -----------------------------------------------------------
+    def _probe(self, layer: int, q: np.ndarray, table: np.ndarray, count: np.ndarray) -> np.ndarray:
+        c = self.cache
+        ks = c.k_scale[layer] if c.k_scale is not None else None
+        return self._kernels.probe(c.kind, q, c.k[layer], ks, table, count, self.config.probe, self.scale)
+
+    def _attend_chosen(self, layer, q, seg, out, chosen, table, count):
+        """Exact attention over each head's chosen blocks; returns the per-head (table, blockpos, count)."""
+        n_kv = chosen.shape[0]
+        idx = np.nonzero(chosen)[1].reshape(n_kv, -1).astype(np.int32)   # sorted per head
+        tables = (np.ascontiguousarray(table[idx]), idx, np.ascontiguousarray(count[idx]))
+        self.attend(layer, q, seg, out, *tables)
+        return tables
+
+    def _record(self, layer, q, seg, table, blockpos, count, importance) -> None:
+        c = self.cache
+        ks = c.k_scale[layer] if c.k_scale is not None else None
+        self._kernels.importance(c.kind, q, c.k[layer], ks, table, blockpos, count, seg.qpos,
+                                 self.scale, importance)
+
+
+def make_attention(cache: PagedKVCache, head_dim: int, n_layers: int, sparse: SparseConfig | None):
+    if sparse is None:
+        return ExactAttention(cache, head_dim)
+    return SparseAttention(cache, head_dim, n_layers, sparse)
+

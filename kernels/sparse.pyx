@@ -1,0 +1,102 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""appliance._sparse: the probe and importance kernels of block-sparse attention (kernels/sparse_attention.h)."""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t
+
+cnp.import_array()
+
+cdef extern from "sparse_attention.h" nogil:
+    void sparse_probe(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd,
+                      const void *k, const float *ks, int64_t bs, const int32_t *table,
+                      const int32_t *count, int64_t nblocks, int64_t probe, float scale,
+                      float *scores, int nthreads)
+    void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                           const void *k, const float *ks, int64_t bs, const int32_t *table,
+                           const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                           int64_t table_stride, const int32_t *qpos, float scale,
+                           float *importance, int64_t n_positions, int nthreads)
+
+KINDS = {"q8": 0, "q4": 1, "f32": 2}
+
+
+cdef tuple _cache_args(str kind, object q, object k, object ks):
+    """Check q float32[R, Hq, hd] and the cache arrays of one layer; (n_kv, group, hd, bs)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if q.dtype != np.float32 or q.ndim != 3 or not q.flags.c_contiguous:
+        raise ValueError("q must be a C-contiguous float32[R, Hq, hd] array")
+    want = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}[kind]
+    if k.dtype != want or k.ndim != 4 or not k.flags.c_contiguous:
+        raise ValueError(f"k must be a C-contiguous {np.dtype(want)}[nblk, n_kv, bs, ...] array for {kind}")
+    if kind != "f32" and (ks is None or ks.dtype != np.float32 or not ks.flags.c_contiguous):
+        raise ValueError("ks must be a C-contiguous float32 array of K scales")
+    n_kv, bs = k.shape[1], k.shape[2]
+    hd = q.shape[2]
+    if hd % 32 or q.shape[1] % n_kv:
+        raise ValueError(f"q heads {q.shape[1]} / head_dim {hd} do not fit the cache's {n_kv} kv heads")
+    return n_kv, q.shape[1] // n_kv, hd, bs
+
+
+def probe(str kind, q, k, ks, table, count, int probe, float scale, int threads=0):
+    """float32[n_kv, nblocks] block scores (see sparse_attention.h)."""
+    n_kv, group, hd, bs = _cache_args(kind, q, k, ks)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] tab = np.ascontiguousarray(table, dtype=np.int32)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] cnt = np.ascontiguousarray(count, dtype=np.int32)
+    if tab.shape[0] != cnt.shape[0]:
+        raise ValueError("table and count must have the same length")
+    if tab.shape[0] and (tab.min() < 0 or tab.max() >= k.shape[0] or cnt.min() < 0 or cnt.max() > bs):
+        raise ValueError("table or count out of range for this cache")
+    cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty((n_kv, tab.shape[0]), np.float32)
+    cdef cnp.ndarray qa = q
+    cdef cnp.ndarray ka = k
+    cdef const float *ksp = NULL
+    cdef cnp.ndarray ksa
+    if ks is not None:
+        ksa = ks
+        ksp = <const float *>ksa.data
+    cdef int c_kind = KINDS[kind]
+    cdef int64_t R = q.shape[0], nblocks = tab.shape[0], c_nkv = n_kv, c_group = group, c_hd = hd, c_bs = bs
+    with nogil:
+        sparse_probe(c_kind, <const float *>qa.data, R, c_nkv, c_group, c_hd, <const void *>ka.data, ksp,
+                     c_bs, &tab[0] if nblocks else NULL, &cnt[0] if nblocks else NULL, nblocks, probe,
+                     scale, &out[0, 0] if nblocks else NULL, threads)
+    return out
+
+
+def importance(str kind, q, k, ks, table, blockpos, count, qpos, float scale, cnp.ndarray acc, int threads=0):
+    """acc float32[n_positions] += softmax mass each listed row receives (see sparse_attention.h)."""
+    n_kv, group, hd, bs = _cache_args(kind, q, k, ks)
+    tab = np.ascontiguousarray(table, dtype=np.int32)
+    stride = 0 if tab.ndim == 1 else tab.shape[1]
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] tab1 = tab.reshape(-1)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] bp1 = np.ascontiguousarray(blockpos, dtype=np.int32).reshape(-1)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] cnt1 = np.ascontiguousarray(count, dtype=np.int32).reshape(-1)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] qp = np.ascontiguousarray(qpos, dtype=np.int32)
+    nsel = tab.shape[tab.ndim - 1]
+    if bp1.shape[0] != tab1.shape[0] or cnt1.shape[0] != tab1.shape[0] or (stride and tab.shape[0] != n_kv):
+        raise ValueError("table, blockpos and count must have the same shape ([nsel] or [n_kv, nsel])")
+    if qp.shape[0] != q.shape[0]:
+        raise ValueError("qpos needs one position per query row")
+    if acc.dtype != np.float32 or acc.ndim != 1 or not acc.flags.c_contiguous:
+        raise ValueError("acc must be a C-contiguous float32[n_positions] array")
+    if tab1.shape[0] and (tab1.min() < 0 or tab1.max() >= k.shape[0] or cnt1.min() < 0 or cnt1.max() > bs):
+        raise ValueError("table or count out of range for this cache")
+    if tab1.shape[0] == 0 or q.shape[0] == 0:
+        return acc
+    cdef cnp.ndarray qa = q
+    cdef cnp.ndarray ka = k
+    cdef const float *ksp = NULL
+    cdef cnp.ndarray ksa
+    if ks is not None:
+        ksa = ks
+        ksp = <const float *>ksa.data
+    cdef int c_kind = KINDS[kind]
+    cdef int64_t T = q.shape[0], c_nkv = n_kv, c_group = group, c_hd = hd, c_bs = bs
+    cdef int64_t c_nsel = nsel, c_stride = stride, npos = acc.shape[0]
+    with nogil:
+        sparse_importance(c_kind, <const float *>qa.data, T, c_nkv, c_group, c_hd, <const void *>ka.data,
+                          ksp, c_bs, &tab1[0], &bp1[0], &cnt1[0], c_nsel, c_stride, &qp[0], scale,
+                          <float *>acc.data, npos, threads)
+    return acc

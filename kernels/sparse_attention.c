@@ -1,0 +1,177 @@
+/* Probe scores and prefill importance for block-sparse attention; see sparse_attention.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "sparse_attention.h"
+
+#define QK 32
+
+/* q float[hd] -> int8[hd] + float[hd/QK]: max-abs per block, round half to even (= quantize_rows_q8). */
+static void quantize_q(const float *x, int64_t hd, int8_t *q, float *d)
+{
+    for (int64_t b = 0; b < hd / QK; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) {
+            const float a = fabsf(x[b * QK + i]);
+            amax = a > amax ? a : amax;
+        }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < QK; i++)
+            q[b * QK + i] = (int8_t)nearbyintf(x[b * QK + i] * inv);
+        d[b] = amax / 127.0f;
+    }
+}
+
+/* One score: query (quantized qq/qd or float qf) against K row `row` of the slab. */
+static inline float row_dot(int kind, const int8_t *qq, const float *qd, const float *qf,
+                            const void *k, const float *ks, int64_t row, int64_t hd)
+{
+    const int64_t nb = hd / QK;
+    float s = 0.0f;
+    if (kind == SPARSE_KV_Q8) {
+        const int8_t *kr = (const int8_t *)k + row * hd;
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t acc = 0;
+            for (int i = 0; i < QK; i++)
+                acc += (int32_t)qq[b * QK + i] * (int32_t)kr[b * QK + i];
+            s += (float)acc * qd[b];
+        }
+        return s * ks[row];
+    }
+    if (kind == SPARSE_KV_Q4) {
+        const uint8_t *kr = (const uint8_t *)k + row * hd / 2;
+        const float *kd = ks + row * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t acc = 0;
+            for (int i = 0; i < QK / 2; i++) {
+                const uint8_t byte = kr[b * QK / 2 + i];
+                acc += (int32_t)qq[b * QK + i] * ((int32_t)(byte & 0x0f) - 8);
+                acc += (int32_t)qq[b * QK + i + QK / 2] * ((int32_t)(byte >> 4) - 8);
+            }
+            s += (float)acc * qd[b] * kd[b];
+        }
+        return s;
+    }
+    const float *kr = (const float *)k + row * hd;
+    for (int64_t i = 0; i < hd; i++)
+        s += qf[i] * kr[i];
+    return s;
+}
+
+/* First row of the (physical block, kv head) slab. */
+static inline int64_t slab_row(int32_t block, int64_t h, int64_t n_kv, int64_t bs)
+{
+    return ((int64_t)block * n_kv + h) * bs;
+}
+
+void sparse_probe(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd,
+                  const void *k, const float *ks, int64_t bs, const int32_t *table,
+                  const int32_t *count, int64_t nblocks, int64_t probe, float scale,
+                  float *scores, int nthreads)
+{
+    const int64_t nq = R * n_kv * group;   /* query rows, each float[hd] */
+    const int64_t nb = hd / QK;
+    int8_t *qq = malloc((size_t)(nq * hd));
+    float *qd = malloc((size_t)(nq * nb) * sizeof(float));
+    if (qq == NULL || qd == NULL) {
+        free(qq);
+        free(qd);
+        for (int64_t i = 0; i < n_kv * nblocks; i++)
+            scores[i] = NAN;
+        return;
+    }
+    if (kind != SPARSE_KV_F32)
+        for (int64_t r = 0; r < nq; r++)
+            quantize_q(q + r * hd, hd, qq + r * hd, qd + r * nb);
+    if (probe < 1)
+        probe = 1;
+
+    #pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : omp_get_max_threads())
+    for (int64_t pair = 0; pair < n_kv * nblocks; pair++) {
+        const int64_t h = pair / nblocks, i = pair % nblocks;
+        const int64_t n = count[i];
+        const int64_t step = n / probe > 1 ? n / probe : 1;
+        const int64_t row0 = slab_row(table[i], h, n_kv, bs);
+        float best = -INFINITY;
+        for (int64_t j = 0; j < n; j += step) {
+            for (int64_t r = 0; r < R; r++) {
+                for (int64_t g = 0; g < group; g++) {
+                    const int64_t qi = (r * n_kv + h) * group + g;
+                    const float s = row_dot(kind, qq + qi * hd, qd + qi * nb, q + qi * hd,
+                                            k, ks, row0 + j, hd);
+                    best = s > best ? s : best;
+                }
+            }
+        }
+        scores[h * nblocks + i] = best * scale;
+    }
+    free(qq);
+    free(qd);
+}
+
+void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const void *k, const float *ks, int64_t bs, const int32_t *table,
+                       const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                       int64_t table_stride, const int32_t *qpos, float scale,
+                       float *importance, int64_t n_positions, int nthreads)
+{
+    const int64_t nb = hd / QK;
+    const int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    float *local = calloc((size_t)nt * (size_t)n_positions, sizeof(float));  /* per-thread sums */
+    if (local == NULL)
+        return;
+
+    #pragma omp parallel num_threads(nt)
+    {
+        float *mine = local + (size_t)omp_get_thread_num() * (size_t)n_positions;
+        float *s = malloc((size_t)(nsel * bs) * sizeof(float));    /* scores of one query head */
+        int32_t *pos = malloc((size_t)(nsel * bs) * sizeof(int32_t));
+        int8_t qq[512];
+        float qd[16];
+        /* Every thread must reach the worksharing loop, even one whose malloc failed. */
+        const int ok = s != NULL && pos != NULL && hd <= 512;
+        {
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t pair = 0; pair < T * n_kv * group; pair++) {
+                if (!ok)
+                    continue;
+                const int64_t t = pair / (n_kv * group);
+                const int64_t hq = pair % (n_kv * group);
+                const int64_t h = hq / group;
+                const float *qt = q + (t * n_kv * group + hq) * hd;
+                if (kind != SPARSE_KV_F32)
+                    quantize_q(qt, hd, qq, qd);
+                int64_t n = 0;
+                float mx = -INFINITY;
+                for (int64_t i = 0; i < nsel; i++) {
+                    const int64_t idx = h * table_stride + i;
+                    const int64_t p0 = (int64_t)blockpos[idx] * bs;
+                    const int64_t row0 = slab_row(table[idx], h, n_kv, bs);
+                    for (int64_t j = 0; j < count[idx] && p0 + j <= qpos[t]; j++) {
+                        s[n] = scale * row_dot(kind, qq, qd, qt, k, ks, row0 + j, hd);
+                        pos[n] = (int32_t)(p0 + j);
+                        mx = s[n] > mx ? s[n] : mx;
+                        n++;
+                    }
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j < n; j++) {
+                    s[j] = expf(s[j] - mx);
+                    sum += s[j];
+                }
+                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                for (int64_t j = 0; j < n; j++)
+                    if (pos[j] < n_positions)
+                        mine[pos[j]] += s[j] * inv;
+            }
+        }
+        free(s);
+        free(pos);
+    }
+    for (int th = 0; th < nt; th++)
+        for (int64_t p = 0; p < n_positions; p++)
+            importance[p] += local[(size_t)th * (size_t)n_positions + p];
+    free(local);
+    (void)nb;
+}

@@ -1,0 +1,93 @@
+"""The probe and importance kernels of block-sparse attention against numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from appliance import _sparse, quant
+
+PROBE_RTOL = 1e-5       # same int8 dots, float sums in another order
+IMPORTANCE_ATOL = 1e-5
+
+
+def make_cache(kind, rng, n_blocks=6, n_kv=2, bs=32, hd=64):
+    kf = rng.standard_normal((n_blocks, n_kv, bs, hd)).astype(np.float32)
+    if kind == "q8":
+        kq, ks = quant.quantize_kv_q8(kf)
+        deq = kq.astype(np.float32) * ks[..., None]
+    elif kind == "q4":
+        kq, ks = quant.quantize_kv_q4(kf)
+        vals = quant.unpack_q4(kq).astype(np.float32).reshape(n_blocks, n_kv, bs, hd // 32, 32)
+        deq = (vals * ks[..., None]).reshape(kf.shape)
+    else:
+        kq, ks, deq = kf, None, kf
+    return kq, ks, deq
+
+
+def quantized_q(q, kind):
+    if kind == "f32":
+        return q
+    qq, qd = quant.quantize_rows_q8(q.reshape(-1, q.shape[-1]))
+    return (qq.reshape(-1, q.shape[-1] // 32, 32) * qd[..., None]).reshape(q.shape)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+@pytest.mark.parametrize("probe", [1, 8, 32])
+def test_probe_matches_numpy(kind, probe):
+    rng = np.random.default_rng(0)
+    kq, ks, deq = make_cache(kind, rng)
+    group, n_kv, hd = 2, 2, 64
+    q = rng.standard_normal((2, n_kv * group, hd)).astype(np.float32)
+    table = np.array([3, 0, 5, 1], np.int32)
+    count = np.array([32, 32, 32, 13], np.int32)
+    got = _sparse.probe(kind, q, kq, ks, table, count, probe, 0.125)
+    qd = quantized_q(q, kind)
+    want = np.empty((n_kv, len(table)), np.float32)
+    for h in range(n_kv):
+        for i, (b, c) in enumerate(zip(table, count)):
+            step = max(1, c // probe)
+            rows = deq[b, h, 0:c:step]                                 # sampled rows
+            s = qd[:, h * group:(h + 1) * group] @ rows.T              # [R, group, samples]
+            want[h, i] = s.max() * 0.125
+    np.testing.assert_allclose(got, want, rtol=PROBE_RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+def test_importance_matches_numpy(kind):
+    rng = np.random.default_rng(1)
+    kq, ks, deq = make_cache(kind, rng)
+    group, n_kv, hd, bs = 2, 2, 64, 32
+    q = rng.standard_normal((3, n_kv * group, hd)).astype(np.float32)
+    table = np.array([[2, 4, 1], [0, 4, 3]], np.int32)          # per-head lists
+    blockpos = np.array([[0, 1, 3], [0, 2, 3]], np.int32)
+    count = np.full((2, 3), bs, np.int32)
+    qpos = np.array([100, 110, 127], np.int32)
+    acc = np.zeros(128, np.float32)
+    _sparse.importance(kind, q, kq, ks, table, blockpos, count, qpos, 0.125, acc)
+    qd = quantized_q(q, kind)
+    want = np.zeros(128, np.float64)
+    for t in range(3):
+        for hq in range(n_kv * group):
+            h = hq // group
+            rows, pos = [], []
+            for b, lb, c in zip(table[h], blockpos[h], count[h]):
+                for j in range(c):
+                    if lb * bs + j <= qpos[t]:
+                        rows.append(deq[b, h, j])
+                        pos.append(lb * bs + j)
+            s = np.array(rows) @ qd[t, hq] * 0.125
+            w = np.exp(s - s.max())
+            np.add.at(want, pos, w / w.sum())
+    np.testing.assert_allclose(acc, want, atol=IMPORTANCE_ATOL)
+
+
+def test_bad_arguments_raise():
+    rng = np.random.default_rng(2)
+    kq, ks, _ = make_cache("q8", rng)
+    q = np.zeros((1, 4, 64), np.float32)
+    with pytest.raises(ValueError):
+        _sparse.probe("q8", q, kq, ks, np.array([99], np.int32), np.array([32], np.int32), 8, 1.0)
+    with pytest.raises(ValueError):
+        _sparse.probe("q9", q, kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)
+    with pytest.raises(ValueError):
+        _sparse.probe("q8", q.astype(np.float64), kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)

@@ -1,0 +1,98 @@
+"""Block-sparse attention: block selection on hand-made scores, and the engine end to end."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from appliance import Engine
+from appliance.sparse import SparseConfig, block_importance, select_blocks
+
+
+def chosen(mask: np.ndarray) -> list[list[int]]:
+    return [np.nonzero(row)[0].tolist() for row in mask]
+
+
+def test_top_k_by_probe_score_with_recency():
+    scores = np.array([[5.0, 1.0, 4.0, 3.0, 0.0]])
+    # top-2 by score would be {0, 2}; the last block (4) displaces the lower of them (2).
+    assert chosen(select_blocks(scores, None, 2)) == [[0, 4]]
+
+
+def test_ties_go_to_the_lower_index():
+    scores = np.array([[1.0, 2.0, 2.0, 2.0, 9.0]])
+    assert chosen(select_blocks(scores, None, 3)) == [[1, 2, 4]]
+
+
+def test_importance_reserves_half_and_is_never_displaced():
+    scores = np.array([[9.0, 8.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    importance = np.array([0.0, 0.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.0])
+    # k=4: budget (4+1)//2 = 2 -> blocks 5 then 4 reserved; probe fills 0, 1; recency: 7 replaces 1.
+    assert chosen(select_blocks(scores, importance, 4)) == [[0, 4, 5, 7]]
+
+
+def test_importance_ties_to_lower_index():
+    scores = np.zeros((1, 6))
+    importance = np.array([1.0, 2.0, 2.0, 2.0, 0.0, 0.0])
+    # k=3: budget 2 -> blocks 1, 2 (ties, lower first); one probe slot -> recency puts 5 there.
+    assert chosen(select_blocks(scores, importance, 3)) == [[1, 2, 5]]
+
+
+def test_k_larger_than_blocks_keeps_everything():
+    scores = np.random.default_rng(0).normal(size=(3, 4))
+    assert select_blocks(scores, None, 32).all()
+
+
+def test_heads_choose_independently_and_deterministically():
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(4, 40)).astype(np.float32)
+    a = select_blocks(scores, None, 8)
+    b = select_blocks(scores.copy(), None, 8)
+    assert (a == b).all() and (a.sum(axis=1) == 8).all() and a[:, -1].all()
+    assert len({tuple(r) for r in chosen(a)}) > 1
+
+
+def test_gate():
+    cfg = SparseConfig(k=4, block=32, probe=8)
+    assert not cfg.active(64) and cfg.active(65)
+
+
+def test_block_importance_sums_tokens():
+    tokens = np.arange(70, dtype=np.float32)
+    sums = block_importance(tokens, 3, 32)
+    assert sums.tolist() == [tokens[:32].sum(), tokens[32:64].sum(), tokens[64:].sum()]
+
+
+@pytest.mark.parametrize("kv", ["q8", "q4", "f32"])
+def test_sparse_with_k_covering_all_blocks_equals_exact(tiny_qwen3_dir, kv):
+    ids = list(np.random.default_rng(2).integers(3, 400, size=300))
+    exact = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False)
+    sparse = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False,
+                         sparse={"k": 64, "block": 32, "probe": 8})
+    prompt = [int(t) for t in ids]
+    a = exact.generate(prompt, stream=False, max_tokens=6, temperature=0.0, ignore_eos=True)
+    b = sparse.generate(prompt, stream=False, max_tokens=6, temperature=0.0, ignore_eos=True)
+    assert a["token_ids"] == b["token_ids"]
+
+
+@pytest.mark.parametrize("kv", ["q8", "q4", "f32"])
+def test_sparse_small_k_runs_and_is_deterministic(tiny_qwen3_dir, kv):
+    engine = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False,
+                         sparse={"k": 2, "block": 32, "probe": 8})
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 400, size=400)]
+    runs = [engine.generate(prompt, stream=False, max_tokens=8, temperature=0.0, ignore_eos=True)["token_ids"]
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_sparse_prefill_records_importance(tiny_qwen3_dir):
+    engine = Engine.load(tiny_qwen3_dir, weights="q8", kv="q8", progress=False,
+                         sparse={"k": 4, "block": 32, "probe": 8})
+    prompt = [int(t) for t in np.random.default_rng(4).integers(3, 400, size=300)]
+    seq = engine.start(prompt, engine.sampling_params(max_tokens=2, temperature=0.0))
+    engine.prefill(seq)
+    imp = seq.blocks.importance
+    assert imp.shape == (engine.config.num_hidden_layers, 300)
+    # every query head of every query spreads a mass of 1 over the tokens it reads
+    heads = engine.config.num_attention_heads
+    np.testing.assert_allclose(imp.sum(axis=1), 300 * heads, rtol=1e-3)
+    engine.release(seq)
