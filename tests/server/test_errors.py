@@ -1,0 +1,142 @@
+"""Malformed requests, sent as raw HTTP: each gets a 4xx and an OpenAI-shaped JSON error,
+and the server stays healthy."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields):
+    return json.dumps({"messages": USER, **fields})
+
+
+def comp(**fields):
+    return json.dumps({"prompt": "hi", **fields})
+
+
+C, P = "/v1/chat/completions", "/v1/completions"
+LONG_PROMPT = "Hello world! " * 1200          # ~3,600 tokens against a 2,048-token context
+
+# (name, method, path, body (str | bytes | None), expected status, expected param or None)
+CASES = [
+    ("truncated json", "POST", C, '{"messages": [', 400, None),
+    ("empty body", "POST", C, "", 400, None),
+    ("array body", "POST", C, "[]", 400, None),
+    ("null body", "POST", C, "null", 400, None),
+    ("string body", "POST", C, '"hello"', 400, None),
+    ("not utf-8", "POST", C, b"\xff\xfe\xfd", 400, None),
+    ("NaN literal", "POST", C, '{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None),
+    ("messages missing", "POST", C, "{}", 400, "messages"),
+    ("messages not a list", "POST", C, json.dumps({"messages": "hi"}), 400, "messages"),
+    ("messages empty", "POST", C, json.dumps({"messages": []}), 400, "messages"),
+    ("message not an object", "POST", C, json.dumps({"messages": [1]}), 400, "messages[0]"),
+    ("role missing", "POST", C, json.dumps({"messages": [{"content": "x"}]}), 400, "messages[0].role"),
+    ("role unknown", "POST", C, json.dumps({"messages": [{"role": "wizard", "content": "x"}]}), 400, "messages[0].role"),
+    ("content missing", "POST", C, json.dumps({"messages": [{"role": "user"}]}), 400, "messages[0].content"),
+    ("content a number", "POST", C, json.dumps({"messages": [{"role": "user", "content": 5}]}), 400,
+     "messages[0].content"),
+    ("content image part", "POST", C, json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, "messages[0].content[0].type"),
+    ("model not a string", "POST", C, chat(model=123), 400, "model"),
+    ("model unknown", "POST", C, chat(model="gpt-4o"), 404, "model"),
+    ("temperature a string", "POST", C, chat(temperature="hot"), 400, "temperature"),
+    ("temperature negative", "POST", C, chat(temperature=-0.5), 400, "temperature"),
+    ("temperature too high", "POST", C, chat(temperature=2.5), 400, "temperature"),
+    ("top_p zero", "POST", C, chat(top_p=0), 400, "top_p"),
+    ("top_p above one", "POST", C, chat(top_p=1.5), 400, "top_p"),
+    ("top_k below -1", "POST", C, chat(top_k=-2), 400, "top_k"),
+    ("top_k fractional", "POST", C, chat(top_k=1.5), 400, "top_k"),
+    ("min_p above one", "POST", C, chat(min_p=2), 400, "min_p"),
+    ("repetition_penalty zero", "POST", C, chat(repetition_penalty=0), 400, "repetition_penalty"),
+    ("presence_penalty out of range", "POST", C, chat(presence_penalty=3), 400, "presence_penalty"),
+    ("frequency_penalty a string", "POST", C, chat(frequency_penalty="x"), 400, "frequency_penalty"),
+    ("max_tokens zero", "POST", C, chat(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens a string", "POST", C, chat(max_tokens="10"), 400, "max_tokens"),
+    ("max_tokens a boolean", "POST", C, chat(max_tokens=True), 400, "max_tokens"),
+    ("max_completion_tokens negative", "POST", C, chat(max_completion_tokens=-5), 400, "max_completion_tokens"),
+    ("n two", "POST", C, chat(n=2), 400, "n"),
+    ("stop a number", "POST", C, chat(stop=5), 400, "stop"),
+    ("stop five strings", "POST", C, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("stop empty string", "POST", C, chat(stop=[""]), 400, "stop"),
+    ("seed a string", "POST", C, chat(seed="x"), 400, "seed"),
+    ("logprobs a string", "POST", C, chat(logprobs="yes"), 400, "logprobs"),
+    ("top_logprobs without logprobs", "POST", C, chat(top_logprobs=3), 400, "top_logprobs"),
+    ("top_logprobs too many", "POST", C, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    ("stream a string", "POST", C, chat(stream="true"), 400, "stream"),
+    ("stream_options without stream", "POST", C, chat(stream_options={"include_usage": True}), 400,
+     "stream_options"),
+    ("include_usage not a boolean", "POST", C, chat(stream=True, stream_options={"include_usage": "y"}), 400,
+     "include_usage"),
+    ("tools", "POST", C, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("response_format json", "POST", C, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("chat prompt longer than context", "POST", C, json.dumps({"messages": [{"role": "user", "content": LONG_PROMPT}]}),
+     400, "messages"),
+    ("completion prompt missing", "POST", P, "{}", 400, "prompt"),
+    ("completion prompt a number", "POST", P, json.dumps({"prompt": 12}), 400, "prompt"),
+    ("completion prompt empty", "POST", P, json.dumps({"prompt": ""}), 400, "prompt"),
+    ("completion token id negative", "POST", P, json.dumps({"prompt": [1, -1]}), 400, "prompt"),
+    ("completion token id past vocab", "POST", P, json.dumps({"prompt": [10 ** 9]}), 400, "prompt"),
+    ("completion several prompts", "POST", P, json.dumps({"prompt": ["a", "b"]}), 400, "prompt"),
+    ("completion echo", "POST", P, comp(echo=True), 400, "echo"),
+    ("completion suffix", "POST", P, comp(suffix="x"), 400, "suffix"),
+    ("completion logprobs too many", "POST", P, comp(logprobs=6), 400, "logprobs"),
+    ("completion best_of", "POST", P, comp(best_of=3), 400, "best_of"),
+    ("completion prompt longer than context", "POST", P, json.dumps({"prompt": LONG_PROMPT}), 400, "prompt"),
+    ("tokenize nothing", "POST", "/tokenize", "{}", 400, "prompt"),
+    ("tokenize a number", "POST", "/tokenize", json.dumps({"prompt": 5}), 400, "prompt"),
+    ("detokenize strings", "POST", "/detokenize", json.dumps({"tokens": "abc"}), 400, "tokens"),
+    ("detokenize past vocab", "POST", "/detokenize", json.dumps({"tokens": [99999999]}), 400, "tokens"),
+    ("wrong method", "GET", C, None, 405, None),
+    ("unknown endpoint", "POST", "/v1/embeddings", chat(), 404, None),
+    ("unknown model card", "GET", "/v1/models/nope", None, 404, "model"),
+    ("oversized body", "POST", C, json.dumps({"messages": [{"role": "user", "content": "x" * 100_000}]}), 413, None),
+]
+
+
+def test_table_is_large_enough():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("name, method, path, body, status, param", CASES, ids=[c[0] for c in CASES])
+def test_malformed_request(server, name, method, path, body, status, param):
+    data = body.encode() if isinstance(body, str) else body
+    headers = {"Content-Type": "application/json"}
+    r = requests.request(method, server.base + path, data=data, headers=headers, timeout=30)
+    assert r.status_code == status, (name, r.status_code, r.text)
+    assert r.headers["Content-Type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["type"], str) and err["type"]
+    if param is not None:
+        assert err["param"] == param, err
+
+
+def test_context_error_names_both_numbers(server):
+    r = requests.post(server.base + C, json={"messages": [{"role": "user", "content": LONG_PROMPT}]}, timeout=30)
+    err = r.json()["error"]
+    n_prompt = server.post("/tokenize", json={"messages": [{"role": "user", "content": LONG_PROMPT}]}).json()["count"]
+    assert err["code"] == "context_length_exceeded"
+    assert f"{n_prompt} tokens" in err["message"] and "2048 tokens" in err["message"]
+
+
+def test_form_encoded_json_is_accepted(idle_server, model_id):
+    """curl -d sends application/x-www-form-urlencoded: the body is still read as JSON."""
+    r = requests.post(idle_server.base + P, data=comp(model=model_id, max_tokens=2), timeout=30,
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200, r.text
+
+
+def test_server_healthy_after_the_table(server, model_id):
+    for _, method, path, body, _, _ in CASES:     # the whole table once more, back to back
+        requests.request(method, server.base + path, data=body, timeout=30)
+    assert server.health()["status"] == "ready"
+    r = server.post(C, json={"model": model_id, "messages": USER, "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    assert server.wait_idle()["kv_blocks_used"] == 0
+    m = server.metrics()
+    assert m[("appliance_requests_total", (("outcome", "invalid"),))] >= 30
