@@ -79,3 +79,27 @@ def format_table(engine, rows: list[dict]) -> str:
                      f"{r['attn_ms_per_token']:>12.2f} {100 * r['attn_share']:>10.1f}% "
                      f"{r['kv_bytes_per_token_per_layer']:>15}")
     return "\n".join(lines)
+
+
+def format_comparison(exact: tuple, sparse: tuple) -> str:
+    """The two tables of ENGINE.md's reference figures, exact and sparse side by side."""
+    (engine, exact_rows), (_, sparse_rows) = exact, sparse
+    info = engine.info()
+    sp = sparse[0].sparse
+    lines = [f"model {info['model']}  weights {info['weights']}  kv {info['kv']}  threads {info['threads']}  "
+             f"kernels {info['kernel_path']}  sparse k={sp.k} block={sp.block} probe={sp.probe}",
+             "",
+             "decode, median per token",
+             f"{'context':>8} {'exact attn ms':>14} {'exact total ms':>15} {'exact share':>12} "
+             f"{'sparse attn ms':>15} {'sparse total ms':>16} {'sparse share':>13}"]
+    for e, s in zip(exact_rows, sparse_rows):
+        lines.append(f"{e['context']:>8} {e['attn_ms_per_token']:>14.2f} {e['decode_ms_per_token']:>15.2f} "
+                     f"{100 * e['attn_share']:>11.1f}% {s['attn_ms_per_token']:>15.2f} "
+                     f"{s['decode_ms_per_token']:>16.2f} {100 * s['attn_share']:>12.1f}%")
+    lines += ["", "prefill (time to first token)",
+              f"{'context':>8} {'exact s':>9} {'sparse s':>9} {'exact GEMM/ATTN':>17} {'sparse GEMM/ATTN':>18}"]
+    for e, s in zip(exact_rows, sparse_rows):
+        lines.append(f"{e['context']:>8} {e['prefill_s']:>9.2f} {s['prefill_s']:>9.2f} "
+                     f"{100 * e['prefill_gemm_share']:>7.1f}% / {100 * e['prefill_attn_share']:>5.1f}% "
+                     f"{100 * s['prefill_gemm_share']:>8.1f}% / {100 * s['prefill_attn_share']:>5.1f}%")
+    return "\n".join(lines)

@@ -42,12 +42,29 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="kernel threads (default: one per big core)")
     p.add_argument("--max-context", type=_positive_int, default=None, help="context window to allow")
+    add_sparse_arguments(p)
 
 
-def load_engine(args, **extra):
+def add_sparse_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sparse-attn", action="store_true", help="block-sparse attention at long context")
+    p.add_argument("--sparse-k", type=_positive_int, default=32, help="blocks kept per head (default 32)")
+    p.add_argument("--sparse-block", type=_positive_int, default=32, help="positions per block (default 32)")
+    p.add_argument("--sparse-probe", type=_positive_int, default=8, help="rows probed per block (default 8)")
+
+
+def sparse_config(args, k: int | None = None):
+    """The SparseConfig the flags ask for (None without --sparse-attn, unless k is forced)."""
+    if not args.sparse_attn and k is None:
+        return None
+    from .sparse import SparseConfig
+    return SparseConfig(k=k or args.sparse_k, block=args.sparse_block, probe=args.sparse_probe)
+
+
+def load_engine(args, sparse="flags", **extra):
     from .engine import Engine
     return Engine.load(args.model, weights=args.weights, kv=args.kv, threads=args.threads,
-                       max_context=args.max_context, **extra)
+                       max_context=args.max_context,
+                       sparse=sparse_config(args) if sparse == "flags" else sparse, **extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--context", type=_int_list, default=[128, 1024, 4096], help="e.g. 128,1024,4096")
     b.add_argument("--gen", type=_positive_int, default=32, help="tokens decoded per context")
     b.add_argument("--repeat", type=_positive_int, default=1, help="prefill repetitions (median)")
+    b.add_argument("--compare-exact", action="store_true",
+                   help="with --sparse-attn: run exact attention too and print both side by side")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 
@@ -89,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default=None, help=MODEL_HELP)
     q.add_argument("--weights", choices=["q8", "q4"], default="q8")
     q.set_defaults(func=cmd_quantize)
+
+    from .evaluate import add_eval_parser
+    add_eval_parser(sub, add_engine_arguments)
 
     try:
         from .serve import add_serve_arguments, run_serve
@@ -126,21 +148,25 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_bench, format_table
-    engine = _bench_engine(args)
-    rows = run_bench(engine, args.context, args.gen, repeat=args.repeat)
+    from .bench import format_comparison, format_table, run_bench
+    if args.max_context is None:
+        args.max_context = max(args.context) + args.gen + 1
+    runs = {}
+    if args.compare_exact or not args.sparse_attn:
+        engine = load_engine(args, sparse=None)
+        runs["exact"] = (engine, run_bench(engine, args.context, args.gen, repeat=args.repeat))
+        del engine
+    if args.sparse_attn:
+        engine = load_engine(args)
+        runs["sparse"] = (engine, run_bench(engine, args.context, args.gen, repeat=args.repeat))
     if args.json:
-        print(json.dumps({"engine": engine.info(), "rows": rows}))
+        print(json.dumps({name: {"engine": e.info(), "rows": rows} for name, (e, rows) in runs.items()}))
+    elif len(runs) == 2:
+        print(format_comparison(runs["exact"], runs["sparse"]))
     else:
+        (engine, rows), = runs.values()
         print(format_table(engine, rows))
     return 0
-
-
-def _bench_engine(args):
-    need = max(args.context) + args.gen + 1
-    if args.max_context is None:
-        args.max_context = need
-    return load_engine(args)
 
 
 def cmd_selftest(args) -> int:
