@@ -125,6 +125,15 @@ class ClientWatch:
     def __init__(self, environ):
         sock = environ.get("gunicorn.socket")
         self.fd = sock.fileno() if sock is not None else None
+        self.next_check = 0.0
+
+    def due(self) -> bool:
+        """True at most every POLL_S seconds: a busy stream need not poll after every token."""
+        now = time.monotonic()
+        if now < self.next_check:
+            return False
+        self.next_check = now + POLL_S
+        return True
 
     def gone(self) -> bool:
         if self.fd is None:
@@ -167,10 +176,10 @@ def _generate(gen: GenerationRequest):
     try:
         while True:
             ev = req.next_event(POLL_S)
+            if watch.due() and watch.gone():
+                rt.scheduler.cancel(req)
+                raise APIError("the client closed the connection", 499, code="client_closed")
             if ev is None:
-                if watch.gone():
-                    rt.scheduler.cancel(req)
-                    raise APIError("the client closed the connection", 499, code="client_closed")
                 continue
             if isinstance(ev, Finished):
                 break
@@ -206,9 +215,9 @@ def _stream(rt, req, reply: "Reply", watch: ClientWatch):
         last_write = time.monotonic()
         while True:
             ev = req.next_event(POLL_S)
+            if watch.due() and watch.gone():
+                return
             if ev is None:
-                if watch.gone():
-                    return
                 if time.monotonic() - last_write > KEEPALIVE_S:
                     last_write = time.monotonic()
                     yield ": keep-alive\n\n"
@@ -226,8 +235,6 @@ def _stream(rt, req, reply: "Reply", watch: ClientWatch):
             if chunk is not None:
                 yield _sse(chunk)
                 last_write = time.monotonic()
-            elif watch.gone():
-                return
     finally:
         rt.scheduler.cancel(req)
 
