@@ -1,0 +1,106 @@
+"""/metrics: promtool-clean, the series the issue names, and a real Prometheus scraping them."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+import requests
+
+from conftest import free_port
+
+
+def _traffic(server, model_id, n=2):
+    for i in range(n):
+        r = server.post("/v1/chat/completions", json={"model": model_id, "max_tokens": 6, "ignore_eos": True,
+                                                      "messages": [{"role": "user", "content": f"count {i}"}]})
+        assert r.status_code == 200
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool: run scripts/ci/install_server_deps.sh")
+def test_promtool_check_metrics_is_clean(idle_server, model_id):
+    _traffic(idle_server, model_id)
+    text = requests.get(idle_server.base + "/metrics", timeout=10).text
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), p.stdout + p.stderr
+
+
+def test_named_series_present(idle_server, model_id):
+    _traffic(idle_server, model_id)
+    time.sleep(0.6)                     # one thermal sample of the fake tree at least
+    m = idle_server.metrics()
+    names = {name for name, _ in m}
+    for name in [
+        "appliance_decode_token_seconds_bucket", "appliance_decode_attention_ratio_bucket",
+        "appliance_decode_attention_last_ratio", "appliance_prefill_seconds_bucket",
+        "appliance_time_to_first_token_seconds_bucket", "appliance_request_duration_seconds_bucket",
+        "appliance_prompt_tokens_total", "appliance_generation_tokens_total", "appliance_requests_total",
+        "appliance_requests_running", "appliance_requests_waiting", "appliance_kv_cache_used_blocks",
+        "appliance_kv_cache_capacity_blocks", "appliance_running_context_max_tokens",
+        "appliance_decode_context_tokens_bucket",
+        "appliance_thermal_zone_temperature_celsius", "appliance_cpu_frequency_hertz",
+        "appliance_cpu_frequency_max_hertz", "appliance_cpu_throttled", "appliance_cpu_throttled_seconds_total",
+        "appliance_model_info", "appliance_build_info",
+    ]:
+        assert name in names, name
+    les = sorted(float(dict(lbl)["le"]) for name, lbl in m if name == "appliance_decode_token_seconds_bucket")
+    assert les[0] == 0.005 and les[-2] == 2.0                       # 5 ms .. 2 s, then +Inf
+    zones = {dict(lbl)["zone"] for name, lbl in m if name == "appliance_thermal_zone_temperature_celsius"}
+    assert {"soc-thermal", "bigcore0-thermal", "littlecore-thermal"} <= zones
+    info = next(dict(lbl) for name, lbl in m if name == "appliance_model_info")
+    assert info["model"] == model_id and info["weights"] == "q8" and info["kv"] == "q8"
+    assert m[("appliance_kv_cache_capacity_blocks", ())] > 0
+    assert m[("appliance_requests_total", (("outcome", "length"),))] >= 2
+
+
+PROM_CONFIG = """
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: appliance
+    metrics_path: /metrics
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus: run scripts/ci/install_server_deps.sh")
+def test_real_prometheus_scrapes_the_server(idle_server, model_id, tmp_path):
+    _traffic(idle_server, model_id, n=3)
+    (tmp_path / "prometheus.yml").write_text(PROM_CONFIG.replace("{port}", str(idle_server.port)))
+    port = free_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+
+    def query(q):
+        try:
+            r = requests.get(api, params={"query": q}, timeout=5).json()
+        except (requests.RequestException, ValueError):
+            return []
+        return r.get("data", {}).get("result", []) if r.get("status") == "success" else []
+
+    try:
+        deadline = time.monotonic() + 30
+        while not query('up{job="appliance"} == 1') and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert query('up{job="appliance"} == 1'), (tmp_path / "prometheus.log").read_text()
+        done = query('appliance_requests_total{outcome="length"}')
+        assert done and float(done[0]["value"][1]) >= 3
+        assert query("appliance_generation_tokens_total > 0")
+        assert query("histogram_quantile(0.5, appliance_decode_token_seconds_bucket) > 0")
+        assert query('appliance_thermal_zone_temperature_celsius{zone="bigcore0-thermal"}')
+        assert len(query("appliance_cpu_throttled")) == 3          # policy0, policy4, policy6
+        assert query("appliance_model_info") and query("appliance_kv_cache_capacity_blocks > 0")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
