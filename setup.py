@@ -32,7 +32,9 @@ sources = [
     "kernels/kernels.pyx",
     "kernels/portable.c",
     "kernels/x86/avx2.c",
+    "kernels/x86/avx2_attention.c",
     "kernels/arm/neon.c",
+    "kernels/arm/neon_attention.c",
     "kernels/dispatch.c",
 ]
 
@@ -45,10 +47,11 @@ extension = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
-# Block-sparse attention helpers: their own module, plain C with the same flags (kernels/sparse_attention.h).
-sparse_extension = Extension(
-    "appliance._sparse",
-    ["kernels/sparse.pyx", "kernels/sparse_attention.c"],
+# KV cache writes and block-sparse attention helpers: plain C with the same flags
+# (kernels/kv_store.h, kernels/sparse_attention.h).
+kvops_extension = Extension(
+    "appliance._kvops",
+    ["kernels/kvops.pyx", "kernels/kv_store.c", "kernels/sparse_attention.c"],
     include_dirs=["kernels", numpy_include],
     extra_compile_args=extension.extra_compile_args,
     extra_link_args=["-fopenmp"],
@@ -56,6 +59,6 @@ sparse_extension = Extension(
 )
 
 setup(
-    ext_modules=cythonize([extension, sparse_extension], include_path=cython_include, language_level=3,
+    ext_modules=cythonize([extension, kvops_extension], include_path=cython_include, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
 )

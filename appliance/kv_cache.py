@@ -19,6 +19,11 @@ import numpy as np
 from . import quant
 from .errors import KVCacheFullError
 
+try:
+    from . import _kvops
+except ImportError:   # APPLIANCE_KERNELS=numpy development runs without a build
+    _kvops = None
+
 KV_KINDS = ("q8", "q4", "f32")
 
 
@@ -120,6 +125,19 @@ class PagedKVCache:
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v float32[T, n_kv, hd] at positions start..start+T-1 of `seq` in `layer`."""
+        if _kvops is None:
+            return self.write_reference(layer, seq, start, k, v)
+        t = k.shape[0]
+        pos = np.arange(start, start + t)
+        blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // self.block_size]
+        slots = blocks * self.block_size + (pos % self.block_size).astype(np.int32)
+        ks = self.k_scale[layer] if self.k_scale is not None else None
+        vs = self.v_scale[layer] if self.v_scale is not None else None
+        _kvops.kv_store(self.kind, k, slots, self.k[layer], ks)
+        _kvops.kv_store(self.kind, v, slots, self.v[layer], vs)
+
+    def write_reference(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """The numpy definition of `write` (appliance.quant), used where _kvops is not built."""
         t = k.shape[0]
         pos = np.arange(start, start + t)
         blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // self.block_size]

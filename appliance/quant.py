@@ -48,11 +48,9 @@ def quantize_q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, d.astype(np.float16)
 
 
-def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weights float[N, K] -> Q4_0 (uint8[N, K/2], float16[N, K/32]).
-
-    As llama.cpp: d = (signed value of largest magnitude) / -8, q = clip(floor(x/d + 8.5), 0, 15).
-    """
+def _q4_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float[..., K] -> (uint8[..., K/2] packed, float32[..., K/32] scales), Q4_0 as llama.cpp:
+    d = (signed value of largest magnitude) / -8, q = clip(floor(x/d + 8.5), 0, 15)."""
     wb = _blocks(w)
     idx = np.argmax(np.abs(wb), axis=-1)[..., None]
     vmax = np.take_along_axis(wb, idx, axis=-1)
@@ -61,8 +59,13 @@ def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         inv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
     q = np.clip(np.floor(wb * inv + np.float32(8.5)), 0, 15).astype(np.uint8)
     packed = q[..., : QK // 2] | (q[..., QK // 2 :] << 4)
-    n = w.shape[0]
-    return packed.reshape(n, -1), d[..., 0].astype(np.float16).reshape(n, -1)
+    return packed.reshape(*w.shape[:-1], -1), d[..., 0]
+
+
+def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weights float[N, K] -> Q4_0 (uint8[N, K/2], float16[N, K/32])."""
+    packed, d = _q4_blocks(w)
+    return packed, d.astype(np.float16)
 
 
 def unpack_q4(qs: np.ndarray) -> np.ndarray:
@@ -108,8 +111,5 @@ def quantize_kv_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_kv_q4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float[..., hd] -> (uint8[..., hd/2], float32[..., hd/32]) in Q4_0 form."""
-    shape = x.shape
-    flat = np.asarray(x, dtype=np.float32).reshape(-1, shape[-1])
-    qs, d = quantize_q4_0(flat)
-    return qs.reshape(*shape[:-1], shape[-1] // 2), d.astype(np.float32).reshape(*shape[:-1], -1)
+    """float[..., hd] -> (uint8[..., hd/2], float32[..., hd/32]): Q4_0 blocks, scales kept in float32."""
+    return _q4_blocks(np.asarray(x, dtype=np.float32))

@@ -91,8 +91,8 @@ class SparseAttention(ExactAttention):
         super().__init__(cache, head_dim)
         if cache.block_size != config.block:
             raise ValueError(f"sparse block {config.block} must equal the KV block size {cache.block_size}")
-        from . import _sparse
-        self._kernels = _sparse
+        from . import _kvops
+        self._kernels = _kvops
         self.config = config
         self.n_layers = n_layers
 

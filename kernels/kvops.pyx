@@ -1,11 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""appliance._sparse: the probe and importance kernels of block-sparse attention (kernels/sparse_attention.h)."""
+"""appliance._kvops: KV cache writes (kernels/kv_store.h) and the probe and importance kernels of
+block-sparse attention (kernels/sparse_attention.h)."""
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
 
 cnp.import_array()
+
+cdef extern from "kv_store.h" nogil:
+    void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                     int8_t *dst, float *scale)
+    void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                     uint8_t *dst, float *scale)
+    void kv_store_f32(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                      float *dst)
 
 cdef extern from "sparse_attention.h" nogil:
     void sparse_probe(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd,
@@ -19,6 +28,41 @@ cdef extern from "sparse_attention.h" nogil:
                            float *importance, int64_t n_positions, int nthreads)
 
 KINDS = {"q8": 0, "q4": 1, "f32": 2}
+
+
+def kv_store(str kind, x, slots, dst, scale):
+    """Write x float32[T, n_kv, hd] into one layer's cache arrays at slots int32[T] (block*bs + offset)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] sl = np.ascontiguousarray(slots, dtype=np.int32)
+    if xa.ndim != 3:
+        raise ValueError("x must be float32[T, n_kv, hd]")
+    cdef int64_t T = xa.shape[0], n_kv = xa.shape[1], hd = xa.shape[2]
+    want = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}[kind]
+    cdef cnp.ndarray d = dst
+    if d.dtype != want or d.ndim != 4 or not d.flags.c_contiguous or d.shape[1] != n_kv:
+        raise ValueError(f"dst must be a C-contiguous {np.dtype(want)}[nblk, {n_kv}, bs, ...] array")
+    cdef int64_t bs = d.shape[2]
+    if d.shape[3] != (hd // 2 if kind == "q4" else hd) or hd % 32:
+        raise ValueError(f"dst rows do not fit head_dim {hd}")
+    if sl.shape[0] != T or (T and (sl.min() < 0 or sl.max() >= d.shape[0] * bs)):
+        raise ValueError("slots must hold one in-range slot per token")
+    cdef cnp.ndarray s
+    if kind != "f32":
+        s = scale
+        if s.dtype != np.float32 or not s.flags.c_contiguous or s.shape[0] != d.shape[0] or s.shape[2] != bs:
+            raise ValueError("scale must be the float32 scale array of this cache layer")
+    if T == 0:
+        return
+    cdef int ck = KINDS[kind]
+    with nogil:
+        if ck == 0:
+            kv_store_q8(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
+        elif ck == 1:
+            kv_store_q4(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <uint8_t *>d.data, <float *>s.data)
+        else:
+            kv_store_f32(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <float *>d.data)
 
 
 cdef tuple _cache_args(str kind, object q, object k, object ks):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance import _sparse, quant
+from appliance import _kvops as _sparse, quant
 
 PROBE_RTOL = 1e-5       # same int8 dots, float sums in another order
 IMPORTANCE_ATOL = 1e-5
@@ -91,3 +91,23 @@ def test_bad_arguments_raise():
         _sparse.probe("q9", q, kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)
     with pytest.raises(ValueError):
         _sparse.probe("q8", q.astype(np.float64), kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+def test_kv_store_equals_numpy_reference(kind):
+    """The C cache write equals appliance.quant's definition bit for bit."""
+    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    rng = np.random.default_rng(5)
+    fast = PagedKVCache(2, 2, 64, kind=kind, block_size=32, capacity_tokens=256)
+    ref = PagedKVCache(2, 2, 64, kind=kind, block_size=32, capacity_tokens=256)
+    seq_a, seq_b = SequenceBlocks(), SequenceBlocks()
+    for cache, seq in ((fast, seq_a), (ref, seq_b)):
+        cache.reserve(seq, 100)
+    k = rng.standard_normal((70, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((70, 2, 64)).astype(np.float32)
+    k[3] = 0.0                                      # an all-zero row: scale 0, no division by zero
+    fast.write(1, seq_a, 20, k, v)
+    ref.write_reference(1, seq_b, 20, k, v)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if getattr(fast, name) is not None:
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name))
