@@ -1,12 +1,15 @@
 # The two commands a newcomer needs:  make run   and   make test
-# Everything is set up inside .venv from PyPI (torch comes from the machine's local wheel).
+# Everything is set up inside .venv from PyPI (torch comes from the machine's local wheel),
+# Debian packages by the scripts in scripts/ci/ (idempotent; root, as on these machines).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.deps-stamp
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
 
-.PHONY: run test test-fast test-arm test-fleet build setup clean bench
+.PHONY: run test test-python test-fast build setup system-deps clean bench
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,20 +19,27 @@ $(STAMP): pyproject.toml requirements-test.txt
 
 setup: $(STAMP)
 
+# Compiles the kernels for this machine (in place, editable install: the repo is the package).
 build: $(STAMP)
 	$(PIP) install --no-build-isolation --no-deps -e .
 
-run: build
-	$(VENV)/bin/appliance serve-or-generate
+system-deps:
+	bash scripts/ci/install_server_deps.sh
 
-test: build
-	$(VENV)/bin/python -m pytest -q tests
+run: build
+	@echo "dashboard: http://$(HOST):$(PORT)/"
+	$(VENV)/bin/appliance serve --host $(HOST) --port $(PORT)
+
+# Every test: the Python suites (kernels, models, engine, server, fleet static checks), then
+# the emulated aarch64 suite and the simulated fleet.
+test: build system-deps
+	$(PY) -m pytest -q tests; rc=$$?; [ $$rc -eq 0 ] || exit $$rc
 
 test-fast: build
-	$(VENV)/bin/python -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" tests
 
 bench: build
-	$(VENV)/bin/python bench/compare_llamacpp.py
+	$(PY) bench/compare_llamacpp.py
 
 clean:
-	rm -rf build appliance/_kernels*.so kernels/kernels.c *.egg-info
+	rm -rf build appliance/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
