@@ -1,7 +1,7 @@
 """The live dashboard: `/` (one page, no CDN) and `/dashboard/stats` (its JSON feed).
 
-The page polls the feed once a second with `since=<last time seen>`, so each poll
-carries only new points; charts are drawn on plain canvases (web/static/charts.js).
+The page polls the feed once a second with `steps=`, `series=` and `thermal=` set to
+the newest time it holds of each, so each poll carries only new points; charts are drawn on plain canvases (web/static/charts.js).
 Model output reaches the page only through the chat panel, which sets textContent.
 """
 from __future__ import annotations
@@ -39,11 +39,14 @@ def index():
 @bp.get("/dashboard/stats")
 def stats():
     rt = runtime()
-    try:
-        since = float(request.args.get("since", "0"))
-    except ValueError:
-        since = 0.0
-    out = rt.live.snapshot(since)
+    def since(name: str) -> float:
+        try:
+            return float(request.args.get(name, "0"))
+        except ValueError:
+            return 0.0
+
+    out = rt.live.snapshot(since("steps"), since("series"))
+    thermal_since = since("thermal")
     snap = rt.thermal.snapshot()
     out.update({
         "now": time.time(),
@@ -59,6 +62,6 @@ def stats():
             {"t": round(s.time, 3),
              "zones": {z.name: z.temp_c for z in s.zones},
              "policies": {p.name: {"cur_hz": p.cur_hz, "throttled": p.throttled} for p in s.policies}}
-            for s in list(rt.thermal.history)[-300:] if s.time > since],
+            for s in list(rt.thermal.history)[-300:] if s.time > thermal_since],
     })
     return jsonify(out)

@@ -66,15 +66,16 @@ class LiveStats:
             elif isinstance(stats, StepTokens):
                 b["tokens"] += stats.generated_tokens
 
-    def snapshot(self, since: float = 0.0) -> dict:
-        """Points and closed one-second buckets newer than `since` (wall time)."""
+    def snapshot(self, steps_since: float = 0.0, series_since: float = 0.0) -> dict:
+        """Decode/prefill points newer than `steps_since` and closed one-second buckets newer
+        than `series_since` (wall times; the page sends back the newest it has of each)."""
         with self.lock:
             self._bucket(time.time())
             series = [{"t": b["t"], "tokens_per_s": b["tokens"],
                        "decode_ms": round(1e3 * b["step_s"] / b["steps"], 3) if b["steps"] else None,
                        "attn_share": round(b["attn"] / b["steps"], 4) if b["steps"] else None,
                        "running": b["running"], "waiting": b["waiting"]}
-                      for b in self.buckets if b["t"] > since]
-            steps = [s for s in self.steps if s["t"] > since]
-            prefills = [p for p in self.prefills if p["t"] > since]
+                      for b in self.buckets if b["t"] > series_since]
+            steps = [s for s in self.steps if s["t"] > steps_since]
+            prefills = [p for p in self.prefills if p["t"] > steps_since]
         return {"series": series, "steps": steps[-300:], "prefills": prefills}

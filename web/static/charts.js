@@ -11,6 +11,11 @@ function niceStep(span, target) {
   return (n >= 5 ? 5 : n >= 2 ? 2 : 1) * mag;
 }
 
+function timeStep(span) {
+  for (const s of [1, 2, 5, 10, 15, 30, 60, 120, 300, 600]) if (span / s <= 5) return s;
+  return 1800;
+}
+
 function fmt(v) {
   const a = Math.abs(v);
   if (a >= 1000) return v.toFixed(0);
@@ -46,7 +51,8 @@ function drawChart(canvas, opt) {
   if (x1 === x0) x1 = x0 + 1;
   let y0 = opt.yMin !== undefined ? opt.yMin : Math.min(...ys);
   let y1 = opt.yMax !== undefined ? Math.max(opt.yMax, Math.max(...ys)) : Math.max(...ys);
-  if (opt.yMin === undefined) y0 = Math.min(0, y0);
+  if (opt.yMin === undefined && !opt.floating) y0 = Math.min(0, y0);
+  if (opt.floating) { const m = Math.max(1, (y1 - y0) * 0.2); y0 -= m; y1 += m; }
   if (y1 === y0) y1 = y0 + 1;
   y1 += (y1 - y0) * 0.05;
   const X = x => pad.l + (x - x0) / (x1 - x0) * (w - pad.l - pad.r);
@@ -65,8 +71,8 @@ function drawChart(canvas, opt) {
     ctx.beginPath(); ctx.moveTo(pad.l, Y(v)); ctx.lineTo(w - pad.r, Y(v)); ctx.stroke();
     ctx.fillText(fmt(v), 2, Y(v) + 4);
   }
-  // x ticks
-  const xs_ = niceStep(x1 - x0, opt.xTime ? 4 : 5);
+  // x ticks (whole seconds on time axes, so labels never repeat)
+  const xs_ = opt.xTime ? timeStep(x1 - x0) : niceStep(x1 - x0, 5);
   for (let v = Math.ceil(x0 / xs_) * xs_; v <= x1; v += xs_) {
     const label = opt.xTime ? fmtTime(v) : fmt(v);
     ctx.fillText(label, Math.min(X(v) - 14, w - 48), h - 5);

@@ -6,7 +6,7 @@
   const KEEP = 300;                 // points kept per series in the page
   const POLL_MS = 1000;
   const state = {
-    since: 0, steps: [], series: [], thermal: [], drawn: 0, model: null,
+    since: {steps: 0, series: 0, thermal: 0}, steps: [], series: [], thermal: [], drawn: 0, model: null,
     chat: [], busy: false,
   };
   const $ = id => document.getElementById(id);
@@ -58,7 +58,7 @@
       Object.keys(s.zones).forEach(z => zones.add(z));
       Object.keys(s.policies).forEach(p => policies.add(p));
     }
-    n += drawChart($("chart-temp"), {xTime: true, empty: "no thermal zones", series: [...zones].map(z => (
+    n += drawChart($("chart-temp"), {xTime: true, floating: true, empty: "no thermal zones", series: [...zones].map(z => (
       {name: z.replace(/-thermal$/, ""), points: state.thermal.map(s => [s.t, s.zones[z] ?? null])}))});
     const shade = [];
     for (const p of policies) shade.push(...throttledRanges(p));
@@ -107,14 +107,14 @@
 
   async function poll() {
     try {
-      const r = await fetch(`/dashboard/stats?since=${state.since}`, {cache: "no-store"});
+      const q = new URLSearchParams(state.since);
+      const r = await fetch(`/dashboard/stats?${q}`, {cache: "no-store"});
       const d = await r.json();
-      keep(state.steps, d.steps || []);
-      keep(state.series, d.series || []);
-      keep(state.thermal, d.thermal_history || []);
-      const ts = [].concat((d.steps || []).map(s => s.t), (d.series || []).map(s => s.t),
-                           (d.thermal_history || []).map(s => s.t));
-      if (ts.length) state.since = Math.max(state.since, ...ts);
+      const lists = {steps: d.steps || [], series: d.series || [], thermal: d.thermal_history || []};
+      for (const [name, items] of Object.entries(lists)) {
+        keep(state[name], items);
+        if (items.length) state.since[name] = items[items.length - 1].t;
+      }
       showFacts(d);
       if (d.auth_required) $("key-label").hidden = false;
       draw();

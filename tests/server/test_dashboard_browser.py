@@ -1,0 +1,92 @@
+"""The dashboard in Debian's Chromium through pip's Playwright (never `playwright install`)."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="chromium: run scripts/ci/install_server_deps.sh"),
+]
+
+
+def test_dashboard_page_served(idle_server):
+    r = idle_server.get("/")
+    assert r.status_code == 200 and "text/html" in r.headers["Content-Type"]
+    csp = r.headers["Content-Security-Policy"]
+    assert "default-src 'self'" in csp and "connect-src 'self'" in csp
+    assert "http://" not in r.text.replace(idle_server.base, "") and "https://" not in r.text
+    for asset in ("/static/charts.js", "/static/dashboard.js", "/static/dashboard.css"):
+        body = idle_server.get(asset).text
+        assert "https://" not in body and "http://" not in body, asset
+
+
+def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
+    playwright = pytest.importorskip("playwright.sync_api")
+
+    # traffic in the background so the decode charts have live points
+    def traffic():
+        for i in range(3):
+            idle_server.post("/v1/completions", json={"model": model_id, "prompt": f"Edge board {i}",
+                                                      "max_tokens": 30, "ignore_eos": True})
+
+    bg = threading.Thread(target=traffic)
+    bg.start()
+    requests_seen, console = [], []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.on("request", lambda r: requests_seen.append(r.url))
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            resp = page.goto(idle_server.base + "/", wait_until="load")
+            assert resp.status == 200
+            bg.join(60)
+            # charts drawn from live data: decode points, thermal series from the fake tree
+            # function form: a string expression would need eval, which the page's CSP forbids
+            page.wait_for_function("() => Number(document.body.dataset.drawn) >= 2 && "
+                                   "Number(document.body.dataset.points) > 20", timeout=15000)
+            inked = page.evaluate("""() => [...document.querySelectorAll('canvas')].map(c => {
+                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;
+                for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; })""")
+            assert len(inked) == 6 and all(n > 200 for n in inked), inked
+            assert page.text_content("#status") == "ready"
+            assert page.text_content("#model-name") == model_id
+            assert "bigcore0-thermal" in page.text_content("#thermal-facts")
+
+            # a chat round trip, streamed into the page
+            page.fill("#chat-input", "Hello world! How are you today?")
+            page.fill("#chat-max", "24")
+            page.click("#chat-send")
+            page.wait_for_function("() => ['done', 'error'].includes(document.body.dataset.chat)",
+                                   timeout=30000)
+            assert page.evaluate("() => document.body.dataset.chat") == "done", page.text_content("#chat-log")
+            assert int(page.evaluate("() => document.body.dataset.chatChunks")) >= 1
+            replies = page.locator("#chat-log .msg.assistant .text").all_text_contents()
+            assert len(replies) == 1 and replies[0]
+            assert "tokens in" in page.text_content("#chat-stats")
+
+            # model output is text, never markup
+            page.evaluate("(t) => window.applianceAddMessage('assistant', t)",
+                          '<img src=x onerror="window.__pwned=1"><b>bold</b>')
+            assert page.locator("#chat-log img").count() == 0 and page.locator("#chat-log b").count() == 0
+            assert "<img src=x" in page.locator("#chat-log .msg.assistant .text").last.text_content()
+            assert page.evaluate("() => window.__pwned === undefined")
+
+            page.wait_for_timeout(1200)         # one more poll with the chat's tokens in the charts
+            page.screenshot(path=str(artifacts_dir / "dashboard.png"), full_page=True)
+        finally:
+            browser.close()
+    hosts = {urlparse(u).netloc for u in requests_seen if not u.startswith("data:")}
+    assert hosts == {f"127.0.0.1:{idle_server.port}"}, hosts        # nothing leaves localhost
+    assert any(u.endswith("/v1/chat/completions") for u in requests_seen)
+    assert not [c for c in console if c.startswith("error")], console
+    assert (artifacts_dir / "dashboard.png").stat().st_size > 10_000
