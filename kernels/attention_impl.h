@@ -4,12 +4,13 @@
  * The including file defines ATTN_NAME(x) (x##_portable or x##_simd) and these static
  * primitives, then includes this header once:
  *
- *   attn_quantize_q(q float[rows, hd], rows, hd, qq int8[rows, hd], qd float[rows, hd/QK])
- *       exactly quantize_rows_q8;
+ *   attn_quantize_q(q float[rows, hd], rows, hd, qq int8[2, rows, hd], qd float[rows, hd/QK])
+ *       qq[0], qd exactly quantize_rows_q8; qq[1] is the path's to fill (e.g. |qq[0]|);
  *   attn_scores_{q8,q4,f32}(query, group, hd, k rows, k scales, n, scale, s float[group, ld], ld)
  *       s[g, j] = score of query head g against key row j (already times `scale`);
+ *       q4 also gets work int8[bs, hd], scratch for unpacked rows;
  *   attn_accum_{q8,q4,f32}(v rows, v scales, n, group, hd, w float[group, ld], ld, acc float[group, hd])
- *       acc[g, :] += sum_j w[g, j] * dequant(v row j);
+ *       acc[g, :] += sum_j w[g, j] * dequant(v row j); w may be overwritten;
  *   attn_max(s, n) -> max_j s[j];   attn_exp_shift(s, n, m): s[j] = exp(s[j] - m), returns the sum;
  *   attn_scale(x, n, r): x *= r.
  *
@@ -44,17 +45,19 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     const int64_t scales_per_row = kind == ATTN_KV_Q4 ? nb : 1; /* q8: per row, q4: per 32-block */
 
     /* Scratch, per thread, once per call (64-byte aligned slices):
-     *   qq int8[group, hd], qd float[group, nb], acc float[group, hd],
-     *   s float[group, ld] (scores, then softmax weights), m/l float[group] (running max, sum). */
+     *   qq int8[2, group, hd], qd float[group, nb], acc float[group, hd],
+     *   s float[group, ld] (scores, then softmax weights), m/l float[group] (running max, sum),
+     *   work int8[bs, hd]. */
     const int64_t ld = (bs + 15) & ~(int64_t)15;
-    const size_t sz_qq = (size_t)((group * hd + 63) & ~(int64_t)63);
+    const size_t sz_qq = (size_t)((2 * group * hd + 63) & ~(int64_t)63);
+    const size_t sz_work = (size_t)bs * hd;
     const size_t sz_qd = (size_t)group * nb * sizeof(float);
     const size_t sz_acc = (size_t)group * hd * sizeof(float);
     const size_t sz_s = (size_t)group * ld * sizeof(float);
     const size_t sz_ml = (size_t)group * sizeof(float);
     const size_t a64 = 63;
     const size_t scratch = sz_qq + ((sz_qd + a64) & ~a64) + ((sz_acc + a64) & ~a64) +
-                           ((sz_s + a64) & ~a64) + 2 * ((sz_ml + a64) & ~a64);
+                           ((sz_s + a64) & ~a64) + 2 * ((sz_ml + a64) & ~a64) + sz_work;
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -67,7 +70,8 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
         float *acc = (float *)p;               p += (sz_acc + a64) & ~a64;
         float *s = (float *)p;                 p += (sz_s + a64) & ~a64;
         float *mx = (float *)p;                p += (sz_ml + a64) & ~a64;
-        float *sum = (float *)p;
+        float *sum = (float *)p;               p += (sz_ml + a64) & ~a64;
+        int8_t *work = (int8_t *)p;
 
         /* Latest queries see the most rows: hand them out first so dynamic scheduling balances. */
         #pragma omp for schedule(dynamic, 1)
@@ -105,7 +109,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                                    ks + row0, n, scale, s, ld);
                 else if (kind == ATTN_KV_Q4)
                     attn_scores_q4(qq, qd, group, hd, (const uint8_t *)k + row0 * row_elems / 2,
-                                   ks + row0 * scales_per_row, n, scale, s, ld);
+                                   ks + row0 * scales_per_row, n, scale, s, ld, work);
                 else
                     attn_scores_f32(qt, group, hd, (const float *)k + row0 * row_elems, n, scale, s, ld);
 

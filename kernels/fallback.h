@@ -6,7 +6,14 @@
 #ifndef APPLIANCE_FALLBACK_H
 #define APPLIANCE_FALLBACK_H
 
-/* The AVX2 and NEON paths are not in yet: every build is portable for now. */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#  define KERNELS_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#  define KERNELS_NEON 1
+#  if defined(__ARM_FEATURE_DOTPROD)
+#    define KERNELS_NEON_DOTPROD 1
+#  endif
+#endif
 
 #if defined(KERNELS_AVX2) || defined(KERNELS_NEON)
 #  define KERNELS_HAVE_SIMD 1

@@ -196,8 +196,9 @@ static void attn_scores_q8(const int8_t *qq, const float *qd, int64_t group, int
 
 static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
                            const uint8_t *k, const float *ks, int64_t n, float scale,
-                           float *s, int64_t ld)
+                           float *s, int64_t ld, int8_t *work)
 {
+    (void)work;
     const int64_t nb = hd / QK;
     for (int64_t j = 0; j < n; j++)
         for (int64_t b = 0; b < nb; b++) {
@@ -227,7 +228,7 @@ static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const flo
 }
 
 static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          const float *w, int64_t ld, float *acc)
+                          float *w, int64_t ld, float *acc)
 {
     for (int64_t j = 0; j < n; j++)
         for (int64_t g = 0; g < group; g++) {
@@ -238,7 +239,7 @@ static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t g
 }
 
 static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          const float *w, int64_t ld, float *acc)
+                          float *w, int64_t ld, float *acc)
 {
     const int64_t nb = hd / QK;
     for (int64_t j = 0; j < n; j++)
@@ -254,7 +255,7 @@ static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t 
 }
 
 static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
-                           const float *w, int64_t ld, float *acc)
+                           float *w, int64_t ld, float *acc)
 {
     for (int64_t j = 0; j < n; j++)
         for (int64_t g = 0; g < group; g++) {

@@ -1,2 +1,255 @@
-/* AVX2 path: filled in next. */
+/*
+ * AVX2 + FMA + F16C path: quantize, Q8_0/Q4_0 GEMM/GEMV, rmsnorm, rope, silu_mul.
+ * (Attention is in avx2_attention.c.) Compiles to nothing without those extensions.
+ */
 #include "../internal.h"
+
+#if defined(KERNELS_AVX2)
+#include <math.h>
+#include "avx2_common.h"
+
+/* ---- activations ------------------------------------------------------- */
+
+void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, float *d)
+{
+    const int64_t nblocks = M * (K / QK);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    /* packs_epi32/epi16 interleave 128-bit lanes; this puts the 32 bytes back in order. */
+    const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < nblocks; b++) {
+        const float *xb = x + b * QK;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        const __m256 amax8 = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign_bit, v0), _mm256_andnot_ps(sign_bit, v1)),
+            _mm256_max_ps(_mm256_andnot_ps(sign_bit, v2), _mm256_andnot_ps(sign_bit, v3)));
+        const float amax = hmax_ps(amax8);
+        /* Same float32 operations as the numpy reference, so q and d agree bit for bit;
+         * cvtps rounds half to even under the default MXCSR, as np.rint does. */
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = amax / 127.0f;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vinv));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vinv));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vinv));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vinv));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permutevar8x32_epi32(p, unshuffle));
+    }
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+/* A tile is NR weight rows x mr (<= MR) activation rows. Per 32-block the NR weight blocks are
+ * loaded (and for Q4 unpacked) once and reused for every activation row, each activation block
+ * once for the NR weight rows. The four int32 block dots of an activation row reduce to one
+ * int32[4] (exact, as the contract sums each block in int32), so one conversion and one FMA
+ * apply the two block scales to four outputs. */
+#define NR 4
+#define MR 4
+
+ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const wrow[NR],
+                             const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
+                             int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
+                             int64_t prefetch_ahead)
+{
+    __m128 acc[MR];   /* acc[m] = y[m, n0..n0+3] */
+    for (int m = 0; m < mr; m++)
+        acc[m] = _mm_setzero_ps();
+
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w[NR], aw[NR];
+        if (prefetch_ahead) {
+            /* Each group is a new 4 KB page (for K = 1024) and hardware prefetchers stop at page
+             * boundaries: fetch the same block of the next group's rows meanwhile. */
+            for (int r = 0; r < NR; r++)
+                _mm_prefetch((const char *)(wrow[r] + prefetch_ahead + b * (is_q4 ? QK / 2 : QK)), _MM_HINT_T0);
+        }
+        for (int r = 0; r < NR; r++) {
+            w[r] = is_q4 ? unpack_q4_32(wrow[r] + b * (QK / 2))
+                         : _mm256_loadu_si256((const __m256i *)(wrow[r] + b * QK));
+            aw[r] = _mm256_sign_epi8(w[r], w[r]);
+        }
+        __m128i h = _mm_cvtsi32_si128(wdrow[0][b]);
+        h = _mm_insert_epi16(h, wdrow[1][b], 1);
+        h = _mm_insert_epi16(h, wdrow[2][b], 2);
+        h = _mm_insert_epi16(h, wdrow[3][b], 3);
+        const __m128 wscale = _mm_cvtph_ps(h);               /* wd[n0..n0+3, b] */
+
+        for (int m = 0; m < mr; m++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + m * K + b * QK));
+            const __m128i dots = reduce4_block_i32(dot_i8_abs(aw[0], w[0], xv), dot_i8_abs(aw[1], w[1], xv),
+                                                   dot_i8_abs(aw[2], w[2], xv), dot_i8_abs(aw[3], w[3], xv));
+            const __m128 s = _mm_mul_ps(wscale, _mm_broadcast_ss(xd + m * nb + b));
+            acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(dots), s, acc[m]);
+        }
+    }
+
+    for (int m = 0; m < mr; m++) {
+        const __m128 r = acc[m];
+        if (ncols == NR) {
+            _mm_storeu_ps(y + m * ldy, r);
+        } else {
+            float tmp[NR];
+            _mm_storeu_ps(tmp, r);
+            for (int c = 0; c < ncols; c++)
+                y[m * ldy + c] = tmp[c];
+        }
+    }
+}
+
+/* Constant (is_q4, mr) per call so each tile is specialised and fully unrolled. */
+static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
+                               const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
+                               int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
+                               int64_t prefetch_ahead)
+{
+#define TILE(Q4, R) gemm_tile(Q4, R, wrow, wdrow, nb, x, K, xd, y, ldy, ncols, prefetch_ahead)
+    if (is_q4) {
+        switch (mr) {
+        case 4: TILE(1, 4); break;
+        case 3: TILE(1, 3); break;
+        case 2: TILE(1, 2); break;
+        default: TILE(1, 1); break;
+        }
+    } else {
+        switch (mr) {
+        case 4: TILE(0, 4); break;
+        case 3: TILE(0, 3); break;
+        case 2: TILE(0, 2); break;
+        default: TILE(0, 1); break;
+        }
+    }
+#undef TILE
+}
+
+/* Parallel over groups of NR weight rows, static chunks: each thread streams its own slice of
+ * the weights once; the activations (M x K, small) are re-read from cache for every group.
+ * A row's arithmetic does not depend on its group, tile or thread: results are identical for
+ * any thread count and any M (decode and prefill agree). */
+static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                      const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    const int64_t nb = K / QK;
+    const int64_t row_bytes = is_q4 ? K / 2 : K;
+    const int64_t ngroups = (N + NR - 1) / NR;
+    const int nt = kernels_threads(nthreads);
+    #pragma omp parallel for schedule(static) num_threads(nt) \
+        if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    for (int64_t g = 0; g < ngroups; g++) {
+        const int64_t n0 = g * NR;
+        const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
+        const uint8_t *wrow[NR];
+        const uint16_t *wdrow[NR];
+        for (int r = 0; r < NR; r++) {
+            /* Past the last row, repeat it: computed and thrown away, never out of bounds. */
+            const int64_t n = r < ncols ? n0 + r : N - 1;
+            wrow[r] = wq + n * row_bytes;
+            wdrow[r] = wd + n * nb;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            /* Only the first pass over a group streams its rows from memory. */
+            const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
+            gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
+                               y + m0 * N + n0, N, ncols, ahead);
+        }
+    }
+}
+
+void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_simd(0, (const uint8_t *)wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_simd(1, wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+/* ---- elementwise ------------------------------------------------------- */
+
+void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *orow = out + m * D;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= D; i += 16) {
+            const __m256 a = _mm256_loadu_ps(xr + i), b = _mm256_loadu_ps(xr + i + 8);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+            s1 = _mm256_fmadd_ps(b, b, s1);
+        }
+        for (; i + 8 <= D; i += 8) {
+            const __m256 a = _mm256_loadu_ps(xr + i);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+        }
+        float ss = hsum_ps(_mm256_add_ps(s0, s1));
+        for (; i < D; i++)
+            ss += xr[i] * xr[i];
+        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        const __m256 vr = _mm256_set1_ps(r);
+        for (i = 0; i + 8 <= D; i += 8)
+            _mm256_storeu_ps(orow + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vr),
+                                                     _mm256_loadu_ps(w + i)));
+        for (; i < D; i++)
+            orow[i] = xr[i] * r * w[i];
+    }
+}
+
+#define ROPE_CHUNK 64
+
+/* cos/sin come from libm (the same calls as the portable path: positions reach 40k radians,
+ * where a cheap vector sincos loses digits); the rotation itself is vectorised. */
+void rope_simd(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, const float *inv_freq)
+{
+    const int64_t half = hd / 2;
+    float c[ROPE_CHUNK], s[ROPE_CHUNK];
+    for (int64_t m = 0; m < M; m++) {
+        const float p = (float)pos[m];
+        for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+            const int64_t n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+            for (int64_t i = 0; i < n; i++) {
+                const float a = p * inv_freq[i0 + i];
+                c[i] = cosf(a);
+                s[i] = sinf(a);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                float *xh = x + (m * H + h) * hd + i0;
+                int64_t i = 0;
+                for (; i + 8 <= n; i += 8) {
+                    const __m256 x0 = _mm256_loadu_ps(xh + i), x1 = _mm256_loadu_ps(xh + i + half);
+                    const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+                    _mm256_storeu_ps(xh + i, _mm256_sub_ps(_mm256_mul_ps(x0, vc), _mm256_mul_ps(x1, vs)));
+                    _mm256_storeu_ps(xh + i + half, _mm256_add_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x0, vs)));
+                }
+                for (; i < n; i++) {
+                    const float x0 = xh[i], x1 = xh[i + half];
+                    xh[i] = x0 * c[i] - x1 * s[i];
+                    xh[i + half] = x1 * c[i] + x0 * s[i];
+                }
+            }
+        }
+    }
+}
+
+void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign_bit = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp_ps(_mm256_xor_ps(g, sign_bit));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                                _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+#endif /* KERNELS_AVX2 */

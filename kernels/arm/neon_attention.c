@@ -1,0 +1,2 @@
+/* NEON attention: filled in later. */
+#include "../internal.h"

@@ -1,0 +1,289 @@
+/*
+ * AVX2 attention primitives for the shared one-pass driver (attention_impl.h).
+ *
+ * Scores: per key row, the exact int32 dots of up to four 32-blocks reduce to one int32[4]
+ * (reduce4_block_i32) that one FMA scales by qd_b (x ks_b for q4); eight rows' vectors are
+ * then summed horizontally together (hsum8x4_ps). V: 32 columns at a time with the accumulators of
+ * one or two query heads in registers, every V row converted to float once for both heads.
+ */
+#include "../internal.h"
+
+#if defined(KERNELS_AVX2)
+#include <math.h>
+#include "avx2_common.h"
+
+static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq, float *qd)
+{
+    quantize_rows_q8_simd(q, rows, hd, qq, qd);
+    /* qq[1] = |qq[0]|: the unsigned operand of the sign-trick dots, reused for every key row. */
+    int8_t *aq = qq + rows * hd;
+    for (int64_t i = 0; i < rows * hd; i += QK) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qq + i));
+        _mm256_storeu_si256((__m256i *)(aq + i), _mm256_sign_epi8(v, v));
+    }
+}
+
+/* Block scales c[b0..b0+3], zero past nb. */
+ALWAYS_INLINE __m128 block_scales(const float *c, int64_t b0, int64_t nb)
+{
+    if (b0 + 4 <= nb)
+        return _mm_loadu_ps(c + b0);
+    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = b0; b < nb; b++)
+        t[b - b0] = c[b];
+    return _mm_loadu_ps(t);
+}
+
+/* Scores of query head rows against n int8 key rows k int8[n, hd].
+ * q8: s = (sum_b dot_b * qd_b) * (ks[j] * scale)   (ks float[n], one scale per row)
+ * q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale (ks float[n, nb]) */
+ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const float *qd,
+                               int64_t group, int64_t hd, const int8_t *k, const float *ks,
+                               int64_t n, float scale, float *s, int64_t ld)
+{
+    const int64_t nb = hd / QK;
+    const int8_t *aq_all = qq + group * hd;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t g = 0; g < group; g++) {
+        const int8_t *qg = qq + g * hd;
+        const int8_t *aq = aq_all + g * hd;
+        const float *qdg = qd + g * nb;
+        for (int64_t j0 = 0; j0 < n; j0 += 8) {
+            const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
+            __m128 v[8];
+            for (int jj = 0; jj < 8; jj++) {
+                v[jj] = _mm_setzero_ps();
+                if (jj >= cnt)
+                    continue;
+                const int8_t *kr = k + (j0 + jj) * hd;
+                for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+                    __m256i d[4];
+                    for (int u = 0; u < 4; u++) {
+                        const int64_t b = b0 + u;
+                        d[u] = b < nb ? dot_i8_abs(_mm256_loadu_si256((const __m256i *)(aq + b * QK)),
+                                                   _mm256_loadu_si256((const __m256i *)(qg + b * QK)),
+                                                   _mm256_loadu_si256((const __m256i *)(kr + b * QK)))
+                                      : _mm256_setzero_si256();
+                    }
+                    __m128 c = block_scales(qdg, b0, nb);
+                    if (per_block_ks)
+                        c = _mm_mul_ps(c, block_scales(ks + (j0 + jj) * nb, b0, nb));
+                    v[jj] = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4_block_i32(d[0], d[1], d[2], d[3])), c, v[jj]);
+                }
+            }
+            __m256 sums = hsum8x4_ps(v);
+            float tmp[8];
+            if (per_block_ks) {
+                sums = _mm256_mul_ps(sums, vscale);
+            } else {
+                for (int jj = 0; jj < 8; jj++)
+                    tmp[jj] = jj < cnt ? ks[j0 + jj] : 0.0f;
+                sums = _mm256_mul_ps(sums, _mm256_mul_ps(_mm256_loadu_ps(tmp), vscale));
+            }
+            if (cnt == 8) {
+                _mm256_storeu_ps(s + g * ld + j0, sums);
+            } else {
+                _mm256_storeu_ps(tmp, sums);
+                for (int jj = 0; jj < cnt; jj++)
+                    s[g * ld + j0 + jj] = tmp[jj];
+            }
+        }
+    }
+}
+
+static void attn_scores_q8(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
+                           const int8_t *k, const float *ks, int64_t n, float scale,
+                           float *s, int64_t ld)
+{
+    scores_int8(0, qq, qd, group, hd, k, ks, n, scale, s, ld);
+}
+
+/* Unpack the n rows once into work int8[n, hd], shared by every head of the group. */
+static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
+                           const uint8_t *k, const float *ks, int64_t n, float scale,
+                           float *s, int64_t ld, int8_t *work)
+{
+    const int64_t nblocks = n * (hd / QK);
+    for (int64_t b = 0; b < nblocks; b++)
+        _mm256_storeu_si256((__m256i *)(work + b * QK), unpack_q4_32(k + b * (QK / 2)));
+    scores_int8(1, qq, qd, group, hd, work, ks, n, scale, s, ld);
+}
+
+static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
+                            float scale, float *s, int64_t ld)
+{
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * hd;
+        for (int64_t j0 = 0; j0 < n; j0 += 8) {
+            const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
+            __m256 v[8];
+            for (int jj = 0; jj < 8; jj++) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                if (jj < cnt) {
+                    const float *kr = k + (j0 + jj) * hd;
+                    for (int64_t d = 0; d < hd; d += 16) {   /* hd is a multiple of 32 */
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kr + d), a0);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(kr + d + 8), a1);
+                    }
+                }
+                v[jj] = _mm256_add_ps(a0, a1);
+            }
+            const __m256 sums = _mm256_mul_ps(hsum8_ps(v), vscale);
+            float tmp[8];
+            _mm256_storeu_ps(tmp, sums);
+            for (int jj = 0; jj < cnt; jj++)
+                s[g * ld + j0 + jj] = tmp[jj];
+        }
+    }
+}
+
+/* acc[g, d0:d0+32] += sum_j w[g, j] * row_j[d0:d0+32] for gh (1 or 2) heads at once; the
+ * `kind` decides how a row's 32 columns become four float vectors. */
+enum { V_Q8, V_Q4, V_F32 };
+
+ALWAYS_INLINE void load_row32(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
+                              __m256 f[4])
+{
+    if (kind == V_Q8) {
+        const int8_t *r = (const int8_t *)v + j * hd + d0;
+        for (int i = 0; i < 4; i++)
+            f[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8 * i))));
+    } else if (kind == V_Q4) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + d0 / 2));
+        const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);                   /* cols 0..15 */
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), eight); /* 16..31 */
+        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    } else {
+        const float *r = (const float *)v + j * hd + d0;
+        for (int i = 0; i < 4; i++)
+            f[i] = _mm256_loadu_ps(r + 8 * i);
+    }
+}
+
+/* w float[group, ld]: per-row weights, already including the row's scale for q8 and f32;
+ * for q4 the block scale vs[j, d0/32] is applied here. */
+ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, const float *vs,
+                               int64_t n, int64_t hd, const float *w0, const float *w1, float *acc0,
+                               float *acc1)
+{
+    const int64_t nb = hd / QK;
+    for (int64_t d0 = 0; d0 < hd; d0 += QK) {
+        __m256 a[4], b[4];
+        for (int i = 0; i < 4; i++) {
+            a[i] = _mm256_loadu_ps(acc0 + d0 + 8 * i);
+            b[i] = gh == 2 ? _mm256_loadu_ps(acc1 + d0 + 8 * i) : _mm256_setzero_ps();
+        }
+        for (int64_t j = 0; j < n; j++) {
+            __m256 f[4];
+            load_row32(kind, v, j, hd, d0, f);
+            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const __m256 p0 = _mm256_set1_ps(kind == V_Q4 ? w0[j] * bs : w0[j]);
+            for (int i = 0; i < 4; i++)
+                a[i] = _mm256_fmadd_ps(p0, f[i], a[i]);
+            if (gh == 2) {
+                const __m256 p1 = _mm256_set1_ps(kind == V_Q4 ? w1[j] * bs : w1[j]);
+                for (int i = 0; i < 4; i++)
+                    b[i] = _mm256_fmadd_ps(p1, f[i], b[i]);
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            _mm256_storeu_ps(acc0 + d0 + 8 * i, a[i]);
+            if (gh == 2)
+                _mm256_storeu_ps(acc1 + d0 + 8 * i, b[i]);
+        }
+    }
+}
+
+ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
+                             int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
+{
+    int64_t g = 0;
+    for (; g + 2 <= group; g += 2)
+        accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
+    if (g < group)
+        accum_heads(kind, 1, v, vs, n, hd, w + g * ld, NULL, acc + g * hd, NULL);
+}
+
+static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+                          float *w, int64_t ld, float *acc)
+{
+    /* Fold the row scale into the weight once per (head, row), as the portable path does. */
+    for (int64_t g = 0; g < group; g++) {
+        float *wg = w + g * ld;
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(wg + j, _mm256_mul_ps(_mm256_loadu_ps(wg + j), _mm256_loadu_ps(vs + j)));
+        for (; j < n; j++)
+            wg[j] *= vs[j];
+    }
+    accum_all(V_Q8, v, NULL, n, group, hd, w, ld, acc);
+}
+
+static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+                          float *w, int64_t ld, float *acc)
+{
+    accum_all(V_Q4, v, vs, n, group, hd, w, ld, acc);
+}
+
+static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
+                           float *w, int64_t ld, float *acc)
+{
+    accum_all(V_F32, v, NULL, n, group, hd, w, ld, acc);
+}
+
+static float attn_max(const float *s, int64_t n)
+{
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    float m = hmax_ps(m8);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static float attn_exp_shift(float *s, int64_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 sum8 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    float sum = hsum_ps(sum8);
+    if (j < n) {   /* the tail through the same exp, padded */
+        float t[8];
+        const int cnt = (int)(n - j);
+        for (int i = 0; i < 8; i++)
+            t[i] = i < cnt ? s[j + i] : m;
+        _mm256_storeu_ps(t, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), vm)));
+        for (int i = 0; i < cnt; i++) {
+            s[j + i] = t[i];
+            sum += t[i];
+        }
+    }
+    return sum;
+}
+
+static void attn_scale(float *x, int64_t n, float r)
+{
+    const __m256 vr = _mm256_set1_ps(r);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vr));
+    for (; i < n; i++)
+        x[i] *= r;
+}
+
+#define ATTN_NAME(x) x##_simd
+#include "../attention_impl.h"
+
+#endif /* KERNELS_AVX2 */
