@@ -37,7 +37,8 @@ def _positive_int(text: str) -> int:
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--weights", choices=["q8", "q4", "f32"], default="q8", help="weight format (default q8)")
+    p.add_argument("--weights", choices=["q8", "q4", "f32"], default=None,
+                   help="weight format (default q8; q4 for MoE models)")
     p.add_argument("--kv", choices=["q8", "q4", "f32"], default="q8", help="KV cache format (default q8)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="kernel threads (default: one per big core)")

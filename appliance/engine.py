@@ -104,17 +104,18 @@ class Engine:
 
     # ---- loading -----------------------------------------------------------
     @classmethod
-    def load(cls, path=None, weights: str = "q8", kv: str = "q8", threads: int | None = None,
+    def load(cls, path=None, weights: str | None = None, kv: str = "q8", threads: int | None = None,
              max_context: int | None = None, kv_cache_tokens: int | None = None,
              sparse=None, prefill_chunk: int = 512, progress: bool = True) -> "Engine":
         """Load a Hugging Face checkpoint directory (None: the embedded demo model).
 
+        weights: "q8", "q4" or "f32"; None takes the family's default (q8; q4 for MoE).
         sparse: None (exact attention), a SparseConfig, or a dict of its fields
         ({"k": 32, "block": 32, "probe": 8}) for block-sparse attention.
         """
         if isinstance(sparse, dict):
             sparse = SparseConfig(**sparse)
-        if weights not in WEIGHT_FORMATS:
+        if weights is not None and weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
         if kv not in KV_KINDS:
             raise ValueError(f"kv must be one of {', '.join(KV_KINDS)}, not {kv!r}")
@@ -130,6 +131,7 @@ class Engine:
             raise ModelLoadError(config_path, f"unreadable ({e})") from None
         family = family_for(raw.get("model_type"), config_path)
         cfg = family.Config.from_dict(raw, config_path)
+        weights = weights or getattr(family, "DEFAULT_WEIGHTS", "q8")
         gen = _read_generation_config(model_dir)
         eos = gen.get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

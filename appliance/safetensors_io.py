@@ -98,22 +98,20 @@ def to_float32(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return np.asarray(array, dtype=np.float32).copy() if array.dtype == np.float32 else array.astype(np.float32)
 
 
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """Write tensors to `path` atomically (temp file + rename).
+def write_safetensors_stream(path: Path, layout, arrays, metadata: dict[str, str]) -> None:
+    """Write tensors whose (name, dtype, shape) are known up front, produced one at a time.
 
-    Each tensor starts 64-byte aligned (our reader allows the gaps) so that SIMD
-    kernels get aligned rows straight from the mmap.
+    The header is written first, then each array as `arrays` yields it, so a model
+    larger than memory (a 30B MoE at 4 bits) is quantized with one tensor in RAM.
+    Atomic: a temp file renamed at the end. Each tensor starts 64-byte aligned (our
+    reader allows the gaps) so SIMD kernels get aligned rows straight from the mmap.
     """
     header, offset = {}, 0
-    for name, array in tensors.items():
-        nbytes = array.nbytes
-        header[name] = {"dtype": NUMPY_TO_SAFETENSORS[array.dtype], "shape": list(array.shape),
+    for name, dtype, shape in layout:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": NUMPY_TO_SAFETENSORS[np.dtype(dtype)], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-        pad = (-offset) % 64
-        offset += pad
-        header[name]["_pad"] = pad
-    pads = {name: header[name].pop("_pad") for name in header}
+        offset += nbytes + (-nbytes) % 64
     header["__metadata__"] = metadata
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * ((-(8 + len(blob))) % 64)
@@ -121,7 +119,10 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for name, array in tensors.items():
-            f.write(np.ascontiguousarray(array).data)
-            f.write(b"\0" * pads[name])
+        for (name, dtype, shape), array in zip(layout, arrays):
+            array = np.ascontiguousarray(array)
+            if array.dtype != np.dtype(dtype) or array.shape != tuple(shape):
+                raise ValueError(f"{name}: produced {array.dtype}{array.shape}, declared {dtype}{tuple(shape)}")
+            f.write(array.data)
+            f.write(b"\0" * ((-array.nbytes) % 64))
     tmp.replace(path)

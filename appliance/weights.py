@@ -24,7 +24,7 @@ import numpy as np
 from . import quant
 from .errors import ModelLoadError
 from .models.base import TensorSpec
-from .safetensors_io import SafetensorsFile, to_float32, write_safetensors
+from .safetensors_io import SafetensorsFile, to_float32, write_safetensors_stream
 
 CACHE_VERSION = "1"
 WEIGHT_FORMATS = ("q8", "q4", "f32")
@@ -110,12 +110,24 @@ def _progress(done: int, total: int, label: str, start: float) -> None:
     sys.stderr.flush()
 
 
-def _pack(spec: TensorSpec, w: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
+def _packed_format(spec: TensorSpec, fmt: str) -> str:
+    return "q8" if (spec.kind == "embedding" or spec.at_least_q8) else fmt
+
+
+def _layout(spec: TensorSpec, fmt: str) -> list[tuple[str, np.dtype, tuple]]:
+    """(name, dtype, shape) of the arrays `spec` becomes in the cache."""
     if spec.kind == "vector":
-        return {spec.name: w.astype(np.float32)}
-    use = "q8" if (spec.kind == "embedding" or spec.at_least_q8) else fmt
-    qs, d = quant.quantize_q8_0(w) if use == "q8" else quant.quantize_q4_0(w)
-    return {spec.name + ".qs": qs, spec.name + ".d": d}
+        return [(spec.name, np.dtype(np.float32), tuple(spec.shape))]
+    n, k = spec.shape
+    qs = (np.dtype(np.int8), (n, k)) if _packed_format(spec, fmt) == "q8" else (np.dtype(np.uint8), (n, k // 2))
+    return [(spec.name + ".qs", *qs), (spec.name + ".d", np.dtype(np.float16), (n, k // quant.QK))]
+
+
+def _pack(spec: TensorSpec, w: np.ndarray, fmt: str) -> list[np.ndarray]:
+    if spec.kind == "vector":
+        return [w.astype(np.float32).reshape(spec.shape)]
+    packer = quant.quantize_q8_0 if _packed_format(spec, fmt) == "q8" else quant.quantize_q4_0
+    return list(packer(w))
 
 
 def _cache_candidates(model_dir: Path, key: str, fmt: str) -> list[Path]:
@@ -155,26 +167,33 @@ def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bo
             if cached is not None:
                 return cached
 
-    packed: dict[str, np.ndarray] = {}
-    start = time.perf_counter()
-    for i, spec in enumerate(plan):
-        if progress:
-            _progress(i, len(plan), f"quantizing {model_dir.name} to {fmt}", start)
-        packed.update(_pack(spec, ckpt.float32(spec), fmt))
-    if progress:
-        _progress(len(plan), len(plan), f"quantizing {model_dir.name} to {fmt}", start)
     meta = {"appliance_cache": CACHE_VERSION, "identity": key, "format": fmt}
+    layout = [entry for spec in plan for entry in _layout(spec, fmt)]
     for path in candidates:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_safetensors(path, packed, meta)
+            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress), meta)
         except OSError:
             continue
         cached = _open_cache(path, key, fmt, plan)
         if cached is not None:
             _remove_stale(path, key)
             return cached
-    return packed  # no writable cache location: keep the quantized tensors in memory
+    # No writable cache location: quantize into memory (next load quantizes again).
+    arrays = _quantized(ckpt, plan, fmt, progress)
+    return {name: array for (name, _, _), array in zip(layout, arrays)}
+
+
+def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool):
+    """The packed arrays of every spec, in layout order, one tensor in memory at a time."""
+    start = time.perf_counter()
+    label = f"quantizing {ckpt.dir.name} to {fmt}"
+    for i, spec in enumerate(plan):
+        if progress:
+            _progress(i, len(plan), label, start)
+        yield from _pack(spec, ckpt.float32(spec), fmt)
+    if progress:
+        _progress(len(plan), len(plan), label, start)
 
 
 def _remove_stale(fresh: Path, key: str) -> None:
