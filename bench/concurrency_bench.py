@@ -1,0 +1,194 @@
+"""Aggregate decode tokens/s against concurrent streams, through the real server.
+
+Starts `python -m appliance.serve` (gunicorn, one worker) on a free loopback port,
+then for 1, 2, 4 and 8 concurrent streams sends the same-length prompt (token ids,
+so no tokenizer luck) with ignore_eos and counts the tokens every stream received
+while all of them were decoding at once. Continuous batching should make the
+aggregate grow with the streams: one batched GEMM per step serves them all.
+Prints a table, and whether the CPU throttled while it ran (from /metrics).
+
+    python bench/concurrency_bench.py                         # Qwen3-0.6B-shaped random checkpoint
+    python bench/concurrency_bench.py --model DIR --tokens 64 --streams 1 2 4 8
+
+Not a test: it takes minutes and its numbers depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = Path(os.environ.get("APPLIANCE_BENCH_DIR", Path.home() / ".cache" / "appliance" / "bench"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_checkpoint() -> Path:
+    """The Qwen3-0.6B-shaped random checkpoint (built once, then reused)."""
+    sys.path.insert(0, str(REPO))
+    from bench.checkpoint import build_checkpoint
+
+    return build_checkpoint(DEFAULT_CACHE / "qwen3-0.6b-random")
+
+
+def scrape(base: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(requests.get(base + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(m: dict, name: str) -> float:
+    return sum(v for (n, _), v in m.items() if n == name)
+
+
+def stream_once(base: str, model: str, prompt_ids: list[int], max_tokens: int, out: list) -> None:
+    """One streaming completion; appends (arrival times of each token) to out."""
+    times = []
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    with requests.post(base + "/v1/completions", json=body, stream=True, timeout=(10, 900)) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("error"):
+                raise RuntimeError(chunk["error"]["message"])
+            if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
+                times.append(time.perf_counter())
+            elif chunk["choices"]:
+                times.append(time.perf_counter())       # the last token comes with its finish
+    out.append(times)
+
+
+def run_level(base: str, model: str, n: int, prompt_len: int, max_tokens: int, vocab: int) -> dict:
+    results: list[list[float]] = []
+    threads = [threading.Thread(target=stream_once, args=(
+        base, model, [(17 + 31 * i + 7 * j) % vocab for j in range(prompt_len)], max_tokens, results))
+        for i in range(n)]
+    before = scrape(base)
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(1800)
+    wall = time.perf_counter() - t0
+    after = scrape(base)
+    if len(results) != n:
+        raise RuntimeError(f"{n - len(results)} of {n} streams failed")
+    # the window in which every stream was decoding: after the last first token, before the first end
+    start = max(ts[0] for ts in results)
+    end = min(ts[-1] for ts in results)
+    if end - start > 0.5:
+        tokens = sum(sum(1 for t in ts if start < t <= end) for ts in results)
+        aggregate = tokens / (end - start)
+    else:   # too short to overlap: fall back to everything after each first token
+        tokens = sum(len(ts) - 1 for ts in results)
+        aggregate = tokens / (max(ts[-1] for ts in results) - min(ts[0] for ts in results))
+    steps = total(after, "appliance_decode_batch_size_count") - total(before, "appliance_decode_batch_size_count")
+    batched = total(after, "appliance_decode_batch_size_sum") - total(before, "appliance_decode_batch_size_sum")
+    step_s = (total(after, "appliance_decode_token_seconds_sum") - total(before, "appliance_decode_token_seconds_sum"))
+    throttled_s = (total(after, "appliance_cpu_throttled_seconds_total")
+                   - total(before, "appliance_cpu_throttled_seconds_total"))
+    return {"streams": n, "aggregate": aggregate, "per_stream": aggregate / n,
+            "ms_per_step": 1e3 * step_s / batched if batched else float("nan"),   # observed once per token
+            "mean_batch": batched / steps if steps else float("nan"), "wall_s": wall,
+            "throttled_s": throttled_s,
+            "ttft_s": sum(ts[0] for ts in results) / n - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="model directory (default: the Qwen3-0.6B-shaped random checkpoint)")
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per stream")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per stream")
+    ap.add_argument("--threads", type=int, help="engine threads (default: the engine's choice)")
+    ap.add_argument("--weights", default="q8")
+    args = ap.parse_args(argv)
+
+    model_dir = Path(args.model) if args.model else bench_checkpoint()
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="apl-bench-"))
+    cmd = [sys.executable, "-m", "appliance.serve", "--model", str(model_dir), "--port", str(port),
+           "--max-batch", str(max(args.streams)), "--max-queue", str(max(args.streams)),
+           "--max-context", str(max(512, args.prompt + args.tokens + 16)), "--weights", args.weights,
+           "--control-socket", str(work / "ctl"), "--log-level", "warning"]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    log = open(work / "server.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 1800        # a first load quantizes the checkpoint
+        while True:
+            if proc.poll() is not None:
+                print((work / "server.log").read_text()[-3000:], file=sys.stderr)
+                return 1
+            try:
+                if requests.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not become ready")
+            time.sleep(0.5)
+        health = requests.get(base + "/health", timeout=10).json()
+        facts = health["model"]
+        model = facts["id"]
+        print(f"model {model}: {facts.get('layers')} layers, hidden {facts.get('hidden')}, vocab {facts.get('vocab')}, "
+              f"weights {facts.get('weights')}, kv {facts.get('kv')}, kernels {facts.get('kernel_path')}, "
+              f"threads {facts.get('threads')}")
+        print(f"prompt {args.prompt} tokens, {args.tokens} generated per stream, greedy, ignore_eos")
+        run_level(base, model, 1, args.prompt, 4, facts["vocab"])          # warm up
+        rows = [run_level(base, model, n, args.prompt, args.tokens, facts["vocab"]) for n in args.streams]
+        one = rows[0]["aggregate"] if rows[0]["streams"] == 1 else None
+        print()
+        print(f"{'streams':>7} {'agg tok/s':>10} {'per stream':>10} {'ms/token':>9} {'mean batch':>10} "
+              f"{'vs 1':>6} {'TTFT s':>7} {'throttled':>9}")
+        for r in rows:
+            ratio = f"{r['aggregate'] / one:.2f}x" if one else "-"
+            thr = f"{r['throttled_s']:.0f} s" if r["throttled_s"] > 0 else "no"
+            print(f"{r['streams']:>7} {r['aggregate']:>10.2f} {r['per_stream']:>10.2f} {r['ms_per_step']:>9.1f} "
+                  f"{r['mean_batch']:>10.2f} {ratio:>6} {r['ttft_s']:>7.2f} {thr:>9}")
+        snap = requests.get(base + "/dashboard/stats", timeout=10).json().get("thermal") or {}
+        print()
+        print("thermal: " + ("no thermal zones or cpufreq policies readable on this machine"
+                             if not snap.get("zones") and not snap.get("policies") else
+                             "the CPU throttled during the run" if any(r["throttled_s"] > 0 for r in rows)
+                             else "no throttling observed during the run"))
+        if one and 4 in args.streams:
+            four = next(r for r in rows if r["streams"] == 4)["aggregate"] / one
+            print(f"4 streams vs 1: {four:.2f}x (target >= 3x)")
+        return 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
