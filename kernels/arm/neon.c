@@ -1,2 +1,232 @@
-/* NEON path: filled in later. */
+/*
+ * AArch64 NEON path (sdot with dotprod; vmull/vpadal without): quantize, Q8_0/Q4_0
+ * GEMM/GEMV, rmsnorm, rope, silu_mul. Attention is in neon_attention.c.
+ * The tiling and the float arithmetic per output are those of the AVX2 path
+ * (x86/avx2.c): exact int32 block dots, one FMA per block with wd * xd.
+ */
 #include "../internal.h"
+
+#if defined(KERNELS_NEON)
+#include <math.h>
+#include "neon_common.h"
+
+/* ---- activations ------------------------------------------------------- */
+
+void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, float *d)
+{
+    const int64_t nblocks = M * (K / QK);
+    for (int64_t b = 0; b < nblocks; b++) {
+        const float *xb = x + b * QK;
+        float32x4_t v[8];
+        float32x4_t amax4 = vdupq_n_f32(0.0f);
+        for (int i = 0; i < 8; i++) {
+            v[i] = vld1q_f32(xb + 4 * i);
+            amax4 = vmaxq_f32(amax4, vabsq_f32(v[i]));
+        }
+        const float amax = vmaxvq_f32(amax4);
+        /* Float32 operations of the numpy reference; vcvtnq rounds half to even like np.rint. */
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = amax / 127.0f;
+        int16x8_t h[4];
+        for (int i = 0; i < 4; i++) {
+            const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(v[2 * i], inv));
+            const int32x4_t c = vcvtnq_s32_f32(vmulq_n_f32(v[2 * i + 1], inv));
+            h[i] = vcombine_s16(vqmovn_s32(a), vqmovn_s32(c));
+        }
+        vst1q_s8(q + b * QK, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
+        vst1q_s8(q + b * QK + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
+    }
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+#define NR 4   /* weight rows per tile */
+#define MR 4   /* activation rows per tile */
+
+ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const wrow[NR],
+                             const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
+                             int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
+                             int64_t prefetch_ahead)
+{
+    float32x4_t acc[MR];   /* acc[m] = y[m, n0..n0+3] */
+    for (int m = 0; m < mr; m++)
+        acc[m] = vdupq_n_f32(0.0f);
+
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t wlo[NR], whi[NR];
+        for (int r = 0; r < NR; r++) {
+            if (prefetch_ahead)
+                __builtin_prefetch(wrow[r] + prefetch_ahead + b * (is_q4 ? QK / 2 : QK));
+            if (is_q4) {
+                unpack_q4_block(wrow[r] + b * (QK / 2), &wlo[r], &whi[r]);
+            } else {
+                wlo[r] = vld1q_s8((const int8_t *)wrow[r] + b * QK);
+                whi[r] = vld1q_s8((const int8_t *)wrow[r] + b * QK + 16);
+            }
+        }
+        const float32x4_t wscale = halves4(wdrow[0][b], wdrow[1][b], wdrow[2][b], wdrow[3][b]);
+
+        for (int m = 0; m < mr; m++) {
+            const int8x16_t xlo = vld1q_s8(x + m * K + b * QK);
+            const int8x16_t xhi = vld1q_s8(x + m * K + b * QK + 16);
+            int32x4_t d[NR];
+            for (int r = 0; r < NR; r++)
+                d[r] = dot_s8x16(dot_s8x16(vdupq_n_s32(0), wlo[r], xlo), whi[r], xhi);
+            const int32x4_t dots = reduce4_block_s32(d[0], d[1], d[2], d[3]);
+            const float32x4_t s = vmulq_n_f32(wscale, xd[m * nb + b]);
+            acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(dots), s);
+        }
+    }
+
+    for (int m = 0; m < mr; m++) {
+        if (ncols == NR) {
+            vst1q_f32(y + m * ldy, acc[m]);
+        } else {
+            float tmp[NR];
+            vst1q_f32(tmp, acc[m]);
+            for (int c = 0; c < ncols; c++)
+                y[m * ldy + c] = tmp[c];
+        }
+    }
+}
+
+static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
+                               const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
+                               int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
+                               int64_t prefetch_ahead)
+{
+#define TILE(Q4, R) gemm_tile(Q4, R, wrow, wdrow, nb, x, K, xd, y, ldy, ncols, prefetch_ahead)
+    if (is_q4) {
+        switch (mr) {
+        case 4: TILE(1, 4); break;
+        case 3: TILE(1, 3); break;
+        case 2: TILE(1, 2); break;
+        default: TILE(1, 1); break;
+        }
+    } else {
+        switch (mr) {
+        case 4: TILE(0, 4); break;
+        case 3: TILE(0, 3); break;
+        case 2: TILE(0, 2); break;
+        default: TILE(0, 1); break;
+        }
+    }
+#undef TILE
+}
+
+/* As x86/avx2.c: static chunks of NR-row groups, results independent of the thread count. */
+static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                      const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    const int64_t nb = K / QK;
+    const int64_t row_bytes = is_q4 ? K / 2 : K;
+    const int64_t ngroups = (N + NR - 1) / NR;
+    const int nt = kernels_threads(nthreads);
+    #pragma omp parallel for schedule(static) num_threads(nt) \
+        if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    for (int64_t g = 0; g < ngroups; g++) {
+        const int64_t n0 = g * NR;
+        const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
+        const uint8_t *wrow[NR];
+        const uint16_t *wdrow[NR];
+        for (int r = 0; r < NR; r++) {
+            const int64_t n = r < ncols ? n0 + r : N - 1;   /* past the end: repeat, discard */
+            wrow[r] = wq + n * row_bytes;
+            wdrow[r] = wd + n * nb;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
+            gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
+                               y + m0 * N + n0, N, ncols, ahead);
+        }
+    }
+}
+
+void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_simd(0, (const uint8_t *)wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
+                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_simd(1, wq, wd, N, K, xq, xd, M, y, nthreads);
+}
+
+/* ---- elementwise ------------------------------------------------------- */
+
+void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *orow = out + m * D;
+        float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
+        int64_t i = 0;
+        for (; i + 8 <= D; i += 8) {
+            const float32x4_t a = vld1q_f32(xr + i), b = vld1q_f32(xr + i + 4);
+            s0 = vfmaq_f32(s0, a, a);
+            s1 = vfmaq_f32(s1, b, b);
+        }
+        float ss = vaddvq_f32(vaddq_f32(s0, s1));
+        for (; i < D; i++)
+            ss += xr[i] * xr[i];
+        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        for (i = 0; i + 4 <= D; i += 4)
+            vst1q_f32(orow + i, vmulq_f32(vmulq_n_f32(vld1q_f32(xr + i), r), vld1q_f32(w + i)));
+        for (; i < D; i++)
+            orow[i] = xr[i] * r * w[i];
+    }
+}
+
+#define ROPE_CHUNK 64
+
+void rope_simd(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, const float *inv_freq)
+{
+    const int64_t half = hd / 2;
+    float c[ROPE_CHUNK], s[ROPE_CHUNK];
+    for (int64_t m = 0; m < M; m++) {
+        const float p = (float)pos[m];
+        for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+            const int64_t n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+            for (int64_t i = 0; i < n; i++) {   /* libm, as the portable path (see avx2.c) */
+                const float a = p * inv_freq[i0 + i];
+                c[i] = cosf(a);
+                s[i] = sinf(a);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                float *xh = x + (m * H + h) * hd + i0;
+                int64_t i = 0;
+                for (; i + 4 <= n; i += 4) {
+                    const float32x4_t x0 = vld1q_f32(xh + i), x1 = vld1q_f32(xh + i + half);
+                    const float32x4_t vc = vld1q_f32(c + i), vs = vld1q_f32(s + i);
+                    vst1q_f32(xh + i, vsubq_f32(vmulq_f32(x0, vc), vmulq_f32(x1, vs)));
+                    vst1q_f32(xh + i + half, vaddq_f32(vmulq_f32(x1, vc), vmulq_f32(x0, vs)));
+                }
+                for (; i < n; i++) {
+                    const float x0 = xh[i], x1 = xh[i + half];
+                    xh[i] = x0 * c[i] - x1 * s[i];
+                    xh[i + half] = x1 * c[i] + x0 * s[i];
+                }
+            }
+        }
+    }
+}
+
+void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t g = vld1q_f32(gate + i);
+        const float32x4_t e = exp_f32x4(vnegq_f32(g));
+        vst1q_f32(out + i, vmulq_f32(vdivq_f32(g, vaddq_f32(one, e)), vld1q_f32(up + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+#endif /* KERNELS_NEON */

@@ -1,2 +1,273 @@
-/* NEON attention: filled in later. */
+/*
+ * NEON attention primitives for the shared one-pass driver (attention_impl.h); the layout
+ * of the work follows x86/avx2_attention.c: exact int32 block dots reduced four at a time,
+ * four key rows summed horizontally together, V accumulated for two heads per pass with
+ * 32 columns of accumulators per head in registers.
+ */
 #include "../internal.h"
+
+#if defined(KERNELS_NEON)
+#include <math.h>
+#include "neon_common.h"
+
+static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq, float *qd)
+{
+    quantize_rows_q8_simd(q, rows, hd, qq, qd);   /* sdot is signed x signed: no |q| needed */
+}
+
+ALWAYS_INLINE float32x4_t block_scales(const float *c, int64_t b0, int64_t nb)
+{
+    if (b0 + 4 <= nb)
+        return vld1q_f32(c + b0);
+    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = b0; b < nb; b++)
+        t[b - b0] = c[b];
+    return vld1q_f32(t);
+}
+
+/* q8: s = (sum_b dot_b * qd_b) * (ks[j] * scale);  q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale */
+ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const float *qd,
+                               int64_t group, int64_t hd, const int8_t *k, const float *ks,
+                               int64_t n, float scale, float *s, int64_t ld)
+{
+    const int64_t nb = hd / QK;
+    for (int64_t g = 0; g < group; g++) {
+        const int8_t *qg = qq + g * hd;
+        const float *qdg = qd + g * nb;
+        for (int64_t j0 = 0; j0 < n; j0 += 4) {
+            const int cnt = n - j0 < 4 ? (int)(n - j0) : 4;
+            float32x4_t v[4];
+            for (int jj = 0; jj < 4; jj++) {
+                v[jj] = vdupq_n_f32(0.0f);
+                if (jj >= cnt)
+                    continue;
+                const int8_t *kr = k + (j0 + jj) * hd;
+                for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+                    int32x4_t d[4];
+                    for (int u = 0; u < 4; u++)
+                        d[u] = b0 + u < nb ? dot_block(qg + (b0 + u) * QK, kr + (b0 + u) * QK)
+                                           : vdupq_n_s32(0);
+                    float32x4_t c = block_scales(qdg, b0, nb);
+                    if (per_block_ks)
+                        c = vmulq_f32(c, block_scales(ks + (j0 + jj) * nb, b0, nb));
+                    v[jj] = vfmaq_f32(v[jj], vcvtq_f32_s32(reduce4_block_s32(d[0], d[1], d[2], d[3])), c);
+                }
+            }
+            float32x4_t sums = hsum4x4_f32(v[0], v[1], v[2], v[3]);
+            float tmp[4];
+            if (per_block_ks) {
+                sums = vmulq_n_f32(sums, scale);
+            } else {
+                for (int jj = 0; jj < 4; jj++)
+                    tmp[jj] = jj < cnt ? ks[j0 + jj] : 0.0f;
+                sums = vmulq_f32(sums, vmulq_n_f32(vld1q_f32(tmp), scale));
+            }
+            if (cnt == 4) {
+                vst1q_f32(s + g * ld + j0, sums);
+            } else {
+                vst1q_f32(tmp, sums);
+                for (int jj = 0; jj < cnt; jj++)
+                    s[g * ld + j0 + jj] = tmp[jj];
+            }
+        }
+    }
+}
+
+static void attn_scores_q8(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
+                           const int8_t *k, const float *ks, int64_t n, float scale,
+                           float *s, int64_t ld)
+{
+    scores_int8(0, qq, qd, group, hd, k, ks, n, scale, s, ld);
+}
+
+/* Unpack the n rows once into work int8[n, hd], shared by every head of the group. */
+static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
+                           const uint8_t *k, const float *ks, int64_t n, float scale,
+                           float *s, int64_t ld, int8_t *work)
+{
+    const int64_t nblocks = n * (hd / QK);
+    for (int64_t b = 0; b < nblocks; b++) {
+        int8x16_t lo, hi;
+        unpack_q4_block(k + b * (QK / 2), &lo, &hi);
+        vst1q_s8(work + b * QK, lo);
+        vst1q_s8(work + b * QK + 16, hi);
+    }
+    scores_int8(1, qq, qd, group, hd, work, ks, n, scale, s, ld);
+}
+
+static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
+                            float scale, float *s, int64_t ld)
+{
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * hd;
+        for (int64_t j0 = 0; j0 < n; j0 += 4) {
+            const int cnt = n - j0 < 4 ? (int)(n - j0) : 4;
+            float32x4_t v[4];
+            for (int jj = 0; jj < 4; jj++) {
+                float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
+                if (jj < cnt) {
+                    const float *kr = k + (j0 + jj) * hd;
+                    for (int64_t d = 0; d < hd; d += 8) {   /* hd is a multiple of 32 */
+                        a0 = vfmaq_f32(a0, vld1q_f32(qg + d), vld1q_f32(kr + d));
+                        a1 = vfmaq_f32(a1, vld1q_f32(qg + d + 4), vld1q_f32(kr + d + 4));
+                    }
+                }
+                v[jj] = vaddq_f32(a0, a1);
+            }
+            float tmp[4];
+            vst1q_f32(tmp, vmulq_n_f32(hsum4x4_f32(v[0], v[1], v[2], v[3]), scale));
+            for (int jj = 0; jj < cnt; jj++)
+                s[g * ld + j0 + jj] = tmp[jj];
+        }
+    }
+}
+
+enum { V_Q8, V_Q4, V_F32 };
+
+ALWAYS_INLINE void widen_s8x16(int8x16_t v, float32x4_t *f)
+{
+    const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
+    f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+    f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+}
+
+/* Row j, columns d0..d0+31 as eight float vectors. */
+ALWAYS_INLINE void load_row32(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
+                              float32x4_t f[8])
+{
+    if (kind == V_Q8) {
+        const int8_t *r = (const int8_t *)v + j * hd + d0;
+        widen_s8x16(vld1q_s8(r), f);
+        widen_s8x16(vld1q_s8(r + 16), f + 4);
+    } else if (kind == V_Q4) {
+        int8x16_t lo, hi;
+        unpack_q4_block((const uint8_t *)v + j * (hd / 2) + d0 / 2, &lo, &hi);
+        widen_s8x16(lo, f);
+        widen_s8x16(hi, f + 4);
+    } else {
+        const float *r = (const float *)v + j * hd + d0;
+        for (int i = 0; i < 8; i++)
+            f[i] = vld1q_f32(r + 4 * i);
+    }
+}
+
+ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, const float *vs,
+                               int64_t n, int64_t hd, const float *w0, const float *w1, float *acc0,
+                               float *acc1)
+{
+    const int64_t nb = hd / QK;
+    for (int64_t d0 = 0; d0 < hd; d0 += QK) {
+        float32x4_t a[8], b[8];
+        for (int i = 0; i < 8; i++) {
+            a[i] = vld1q_f32(acc0 + d0 + 4 * i);
+            b[i] = gh == 2 ? vld1q_f32(acc1 + d0 + 4 * i) : vdupq_n_f32(0.0f);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            float32x4_t f[8];
+            load_row32(kind, v, j, hd, d0, f);
+            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const float p0 = kind == V_Q4 ? w0[j] * bs : w0[j];
+            for (int i = 0; i < 8; i++)
+                a[i] = vfmaq_n_f32(a[i], f[i], p0);
+            if (gh == 2) {
+                const float p1 = kind == V_Q4 ? w1[j] * bs : w1[j];
+                for (int i = 0; i < 8; i++)
+                    b[i] = vfmaq_n_f32(b[i], f[i], p1);
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            vst1q_f32(acc0 + d0 + 4 * i, a[i]);
+            if (gh == 2)
+                vst1q_f32(acc1 + d0 + 4 * i, b[i]);
+        }
+    }
+}
+
+ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
+                             int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
+{
+    int64_t g = 0;
+    for (; g + 2 <= group; g += 2)
+        accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
+    if (g < group)
+        accum_heads(kind, 1, v, vs, n, hd, w + g * ld, NULL, acc + g * hd, NULL);
+}
+
+static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+                          float *w, int64_t ld, float *acc)
+{
+    for (int64_t g = 0; g < group; g++) {   /* fold the row scale into the weight, as portable */
+        float *wg = w + g * ld;
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            vst1q_f32(wg + j, vmulq_f32(vld1q_f32(wg + j), vld1q_f32(vs + j)));
+        for (; j < n; j++)
+            wg[j] *= vs[j];
+    }
+    accum_all(V_Q8, v, NULL, n, group, hd, w, ld, acc);
+}
+
+static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+                          float *w, int64_t ld, float *acc)
+{
+    accum_all(V_Q4, v, vs, n, group, hd, w, ld, acc);
+}
+
+static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
+                           float *w, int64_t ld, float *acc)
+{
+    accum_all(V_F32, v, NULL, n, group, hd, w, ld, acc);
+}
+
+static float attn_max(const float *s, int64_t n)
+{
+    float32x4_t m4 = vdupq_n_f32(-INFINITY);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        m4 = vmaxq_f32(m4, vld1q_f32(s + j));
+    float m = vmaxvq_f32(m4);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static float attn_exp_shift(float *s, int64_t n, float m)
+{
+    const float32x4_t vm = vdupq_n_f32(m);
+    float32x4_t sum4 = vdupq_n_f32(0.0f);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float32x4_t e = exp_f32x4(vsubq_f32(vld1q_f32(s + j), vm));
+        vst1q_f32(s + j, e);
+        sum4 = vaddq_f32(sum4, e);
+    }
+    float sum = vaddvq_f32(sum4);
+    if (j < n) {   /* the tail through the same exp, padded */
+        float t[4];
+        const int cnt = (int)(n - j);
+        for (int i = 0; i < 4; i++)
+            t[i] = i < cnt ? s[j + i] : m;
+        vst1q_f32(t, exp_f32x4(vsubq_f32(vld1q_f32(t), vm)));
+        for (int i = 0; i < cnt; i++) {
+            s[j + i] = t[i];
+            sum += t[i];
+        }
+    }
+    return sum;
+}
+
+static void attn_scale(float *x, int64_t n, float r)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), r));
+    for (; i < n; i++)
+        x[i] *= r;
+}
+
+#define ATTN_NAME(x) x##_simd
+#include "../attention_impl.h"
+
+#endif /* KERNELS_NEON */
