@@ -9,7 +9,7 @@ The settings file is flat YAML with the keys of `Settings` (Ansible templates it
 
     model: /srv/models/Qwen3-0.6B
     port: 8080
-    weights: q8
+    weights: q8          # leave out for the model family's default
     kv: q8
     max_batch: 8
 """
@@ -34,7 +34,7 @@ class Settings:
     model: str | None = None          # model directory; None serves the embedded demo model
     host: str = "127.0.0.1"
     port: int = 8080
-    weights: str = "q8"               # weight format: q8 | q4 | f32
+    weights: str | None = None        # weight format: q8 | q4 | f32; None = the model family's default
     kv: str = "q8"                    # KV cache format: q8 | q4 | f32
     threads: int | None = None        # compute threads; None lets the engine choose
     max_context: int | None = None    # cap on context tokens; None = the model's own
@@ -168,7 +168,8 @@ def validate(s: Settings) -> Settings:
         if not ok:
             raise ConfigError(message)
 
-    check(s.weights in WEIGHT_FORMATS, f"weights: {s.weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    check(s.weights is None or s.weights in WEIGHT_FORMATS,
+          f"weights: {s.weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     check(s.kv in KV_FORMATS, f"kv: {s.kv!r} is not one of {', '.join(KV_FORMATS)}")
     check(1 <= s.port <= 65535, f"port: {s.port} is outside 1..65535")
     check(bool(s.host.strip()), "host: must not be empty")

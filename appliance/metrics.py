@@ -168,8 +168,8 @@ class Metrics:
             self.requests.labels(outcome)
         self.model_info = Gauge(
             "appliance_model_info", "The served model and engine settings (value 1).",
-            labelnames=["model", "weights", "kv", "kernel_path", "threads", "max_context",
-                        "params", "sparse_attn"], registry=r)
+            labelnames=["model", "model_type", "weights", "kv", "kernel_path", "threads", "max_context",
+                        "layers", "sparse_attn"], registry=r)
         self.build_info = Gauge(
             "appliance_build_info", "Versions of the running server (value 1).",
             labelnames=["version", "python", "gunicorn", "machine"], registry=r)
@@ -191,8 +191,8 @@ class Metrics:
         def s(key):
             v = info.get(key)
             return "" if v is None else str(v)
-        self.model_info.labels(name, s("weights"), s("kv"), s("kernel_path"), s("threads"),
-                               s("max_context"), s("params"), s("sparse")).set(1)
+        self.model_info.labels(name, s("model_type"), s("weights"), s("kv"), s("kernel_path"), s("threads"),
+                               s("max_context"), s("layers"), s("sparse")).set(1)
         self.loaded.set(1)
 
     # ---- inputs ---------------------------------------------------------------

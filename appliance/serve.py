@@ -36,7 +36,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--host", help="address to listen on (default 127.0.0.1)")
     a("--port", type=int, help="port (default 8080)")
     a("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* (also APPLIANCE_API_KEY)")
-    a("--weights", choices=WEIGHT_FORMATS, help="weight format (default q8)")
+    a("--weights", choices=WEIGHT_FORMATS, help="weight format (default: the model family's, q8 for dense Qwen3)")
     a("--kv", choices=KV_FORMATS, help="KV cache format (default q8)")
     a("--sparse-attn", action="store_true", default=None, help="block-sparse attention for long contexts")
     a("--sparse-k", type=int, metavar="K", help="blocks kept by sparse attention (default 32)")

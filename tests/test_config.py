@@ -11,7 +11,7 @@ from appliance.config import ConfigError, Settings, load_settings
 def test_defaults():
     s = load_settings(environ={})
     assert s == Settings()
-    assert (s.host, s.port, s.weights, s.kv, s.model) == ("127.0.0.1", 8080, "q8", "q8", None)
+    assert (s.host, s.port, s.weights, s.kv, s.model) == ("127.0.0.1", 8080, None, "q8", None)
     assert s.http_threads == s.max_batch + s.max_queue + 8
 
 

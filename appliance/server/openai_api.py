@@ -249,8 +249,7 @@ class Reply:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = gen.model
-        s = rt.settings
-        self.fingerprint = f"fp_appliance_{s.weights}_{s.kv}"
+        self.fingerprint = f"fp_appliance_{rt.info.get('weights')}_{rt.info.get('kv')}"
         self.text: list[str] = []
         self.chat_logprobs: list[dict] = []
         self.legacy = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}

@@ -135,14 +135,24 @@ def test_request_time_limit(engine_factory, make_scheduler):
 def test_drain_refuses_new_and_ends_after_grace(engine_factory, make_scheduler):
     engine = engine_factory()
     sched = make_scheduler(engine)
-    short = sched.submit(prompt(engine), params(5))
     long = sched.submit(prompt(engine), params(1000))
-    sched.begin_drain(grace=0.5)
+    assert long.next_event(10) is not None
+    sched.begin_drain(grace=0.3)
     with pytest.raises(ShuttingDownError):
         sched.submit(prompt(engine), params(5))
-    assert drain(short)[-1].outcome == "length"      # finished normally inside the grace period
-    assert drain(long)[-1].outcome == "shutdown"
+    fin = drain(long)[-1]
+    assert fin.outcome == "shutdown" and fin.completion_tokens < 1000
     wait_for(lambda: engine.kv_blocks_used == 0)
+
+
+def test_drain_lets_accepted_requests_finish(engine_factory, make_scheduler):
+    engine = engine_factory()
+    sched = make_scheduler(engine, max_batch=1)
+    running = sched.submit(prompt(engine), params(20))
+    queued = sched.submit(prompt(engine), params(20))       # waits for the single slot
+    sched.begin_drain(grace=30)
+    assert drain(running)[-1].outcome == "length"
+    assert drain(queued)[-1].outcome == "length"
 
 
 def test_kv_pool_exhaustion_ends_the_youngest(engine_factory, make_scheduler):
