@@ -24,6 +24,23 @@
 
 enum { ATTN_KV_Q8, ATTN_KV_Q4, ATTN_KV_F32 };
 
+/* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
+ * slab: ask for its K and V rows while the current one is computed. */
+static inline void prefetch_rows(int kind, const void *kv, const float *scales, int64_t row0,
+                                 int64_t bs, int64_t hd)
+{
+    const int64_t row_bytes = kind == ATTN_KV_Q8 ? hd : kind == ATTN_KV_Q4 ? hd / 2 : hd * 4;
+    const char *p = (const char *)kv + row0 * row_bytes;
+    for (int64_t off = 0; off < bs * row_bytes; off += 64)
+        __builtin_prefetch(p + off);
+    if (scales != NULL) {
+        const int64_t per_row = kind == ATTN_KV_Q4 ? hd / QK : 1;
+        const char *sp = (const char *)(scales + row0 * per_row);
+        for (int64_t off = 0; off < bs * per_row * (int64_t)sizeof(float); off += 64)
+            __builtin_prefetch(sp + off);
+    }
+}
+
 static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
                                      int64_t hd, const void *k, const float *ks, const void *v,
                                      const float *vs, int64_t bs, const int32_t *table,
@@ -103,6 +120,10 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                 if (n <= 0)
                     continue;
                 const int64_t row0 = ((int64_t)table[idx] * n_kv + h) * bs;  /* first row of the slab */
+                /* K of the next listed block now, its V after this block's scores. */
+                const int64_t next0 = i + 1 < nsel ? ((int64_t)table[idx + 1] * n_kv + h) * bs : -1;
+                if (next0 >= 0)
+                    prefetch_rows(kind, k, ks, next0, bs, hd);
 
                 if (kind == ATTN_KV_Q8)
                     attn_scores_q8(qq, qd, group, hd, (const int8_t *)k + row0 * row_elems,
@@ -127,6 +148,8 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                     sum[g] += attn_exp_shift(sg, n, mx[g]);
                 }
 
+                if (next0 >= 0)
+                    prefetch_rows(kind, v, vs, next0, bs, hd);
                 if (kind == ATTN_KV_Q8)
                     attn_accum_q8((const int8_t *)v + row0 * row_elems, vs + row0, n, group, hd, s, ld, acc);
                 else if (kind == ATTN_KV_Q4)

@@ -37,11 +37,10 @@ ALWAYS_INLINE __m128 block_scales(const float *c, int64_t b0, int64_t nb)
 /* Scores of query head rows against n int8 key rows k int8[n, hd].
  * q8: s = (sum_b dot_b * qd_b) * (ks[j] * scale)   (ks float[n], one scale per row)
  * q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale (ks float[n, nb]) */
-ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const float *qd,
-                               int64_t group, int64_t hd, const int8_t *k, const float *ks,
-                               int64_t n, float scale, float *s, int64_t ld)
+ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, const int8_t *qq,
+                                  const float *qd, int64_t group, int64_t hd, const int8_t *k,
+                                  const float *ks, int64_t n, float scale, float *s, int64_t ld)
 {
-    const int64_t nb = hd / QK;
     const int8_t *aq_all = qq + group * hd;
     const __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t g = 0; g < group; g++) {
@@ -75,6 +74,8 @@ ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const f
             float tmp[8];
             if (per_block_ks) {
                 sums = _mm256_mul_ps(sums, vscale);
+            } else if (cnt == 8) {
+                sums = _mm256_mul_ps(sums, _mm256_mul_ps(_mm256_loadu_ps(ks + j0), vscale));
             } else {
                 for (int jj = 0; jj < 8; jj++)
                     tmp[jj] = jj < cnt ? ks[j0 + jj] : 0.0f;
@@ -89,6 +90,19 @@ ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const f
             }
         }
     }
+}
+
+/* head_dim 128 (every Qwen3) and 64 get their block count as a constant: fully unrolled. */
+ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const float *qd,
+                               int64_t group, int64_t hd, const int8_t *k, const float *ks,
+                               int64_t n, float scale, float *s, int64_t ld)
+{
+    if (hd == 128)
+        scores_int8_nb(per_block_ks, 4, qq, qd, group, hd, k, ks, n, scale, s, ld);
+    else if (hd == 64)
+        scores_int8_nb(per_block_ks, 2, qq, qd, group, hd, k, ks, n, scale, s, ld);
+    else
+        scores_int8_nb(per_block_ks, hd / QK, qq, qd, group, hd, k, ks, n, scale, s, ld);
 }
 
 static void attn_scores_q8(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
