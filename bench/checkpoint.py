@@ -27,7 +27,8 @@ MARKER = ".bench-checkpoint.json"   # written last: its presence means the direc
 
 
 def recipe_key(shape: dict = QWEN3_0_6B, seed: int = SEED) -> str:
-    blob = json.dumps({"shape": shape, "seed": seed, "dtype": "bfloat16", "v": 1}, sort_keys=True)
+    # "v" counts changes of this recipe (2: Qwen's one-merge-per-token tokenizer.json)
+    blob = json.dumps({"shape": shape, "seed": seed, "dtype": "bfloat16", "v": 2}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -58,7 +59,6 @@ def build_checkpoint(out_dir, shape: dict = QWEN3_0_6B, seed: int = SEED, tiktok
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)   # transformers' init: normal(0, 0.02), norms at 1
     model = model.to(torch.bfloat16)
-    model.config.torch_dtype = "bfloat16"
     model.config.architectures = ["Qwen3ForCausalLM"]
     n_params = sum(p.numel() for p in model.parameters())
     log(f"  random Qwen3 ({n_params / 1e6:.0f} M parameters) initialised in {time.perf_counter() - t0:.0f} s")

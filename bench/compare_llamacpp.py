@@ -64,11 +64,23 @@ def log(msg: str) -> None:
 
 
 def _rss() -> dict:
-    import resource
+    """Current and peak resident memory of this process.
 
+    The peak is VmHWM, the high-water mark of this process's own address space:
+    getrusage's ru_maxrss survives exec on Linux, so a worker started by a large parent
+    would report the parent's size.
+    """
     import psutil
-    return {"rss": psutil.Process().memory_info().rss,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    peak = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    rss = psutil.Process().memory_info().rss
+    return {"rss": rss, "peak_rss": peak if peak is not None else rss}
 
 
 def _median(xs):
@@ -394,7 +406,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(res, indent=1))
         return 0 if "error" not in res else 3
 
-    from bench.checkpoint import build_checkpoint, is_built
+    from bench.checkpoint import build_checkpoint, is_built, recipe_key
     from bench.llamacpp_gguf import gguf_metadata, make_ggufs
 
     work = args.workdir
@@ -423,7 +435,7 @@ def main(argv=None) -> int:
     elif not args.skip_llama:
         t0 = time.perf_counter()
         log("[2/4] GGUF conversion with llama.cpp's convert_hf_to_gguf.py")
-        ggufs = make_ggufs(model_dir, work, q4=args.q4, sdist=args.llama_sdist, log=log)
+        ggufs = make_ggufs(model_dir, work, q4=args.q4, sdist=args.llama_sdist, tag=recipe_key(), log=log)
         meta = gguf_metadata(ggufs["q8_0"], ggufs["_llama_dir"], ("tokenizer.ggml.pre", "general.architecture"))
         pre = meta.get("tokenizer.ggml.pre")
         log(f"  {ggufs['q8_0'].name}: architecture {meta.get('general.architecture')}, "

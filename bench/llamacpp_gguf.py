@@ -163,14 +163,18 @@ def quantize(src: Path, out: Path, ftype_name: str = "LLAMA_FTYPE_MOSTLY_Q4_0", 
     return out
 
 
-def make_ggufs(model_dir: Path, workdir: Path, q4: bool = False, sdist=None, log=print) -> dict[str, Path]:
-    """{"q8_0": path, ["q4_0": path]} for the checkpoint in model_dir, cached in workdir/gguf."""
+def make_ggufs(model_dir: Path, workdir: Path, q4: bool = False, sdist=None, tag: str = "",
+               log=print) -> dict[str, Path]:
+    """{"q8_0": path, ["q4_0": path]} for the checkpoint in model_dir, cached in workdir/gguf.
+
+    `tag` names the checkpoint's version in the file names, so a rebuilt checkpoint gets new files.
+    """
     sdist_path = find_or_download_sdist(workdir, sdist, log)
     llama_dir = extract_converter(sdist_path, workdir)
     pythonpath = converter_pythonpath(workdir, llama_dir, log)
     gdir = Path(workdir) / "gguf"
     gdir.mkdir(parents=True, exist_ok=True)
-    stem = Path(model_dir).name
+    stem = Path(model_dir).name + (f"-{tag}" if tag else "")
     out = {"q8_0": convert(model_dir, gdir / f"{stem}-Q8_0.gguf", "q8_0", llama_dir, pythonpath, log)}
     if q4:
         bf16 = convert(model_dir, gdir / f"{stem}-BF16.gguf", "bf16", llama_dir, pythonpath, log)

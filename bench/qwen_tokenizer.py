@@ -251,13 +251,27 @@ def _byte_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """tiktoken ranks as a BPE vocabulary and merge list.
+def _bpe(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    """tiktoken's merge loop on `token` alone, using only merges of rank below max_rank."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 1:
+        best, best_rank = None, max_rank
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < best_rank:
+                best, best_rank = i, rank
+        if best is None:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return parts
 
-    tiktoken merges, at each step, the adjacent pair whose concatenation has the lowest
-    rank. Listing for every token every split into two tokens of the vocabulary, ordered
-    by the rank of the result, gives a merge table that makes `tokenizers`' BPE do the
-    same (the construction transformers' TikTokenConverter uses).
+
+def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """tiktoken ranks as a BPE vocabulary and merge list, one merge per multi-byte token.
+
+    A token's merge is the last step of tiktoken's own merge loop on the token's bytes with
+    the merges ranked before it (the derivation of Qwen2's published merges: 151,387 of
+    them, in rank order), so `tokenizers`' BPE merges as tiktoken does.
     """
     enc = _byte_to_unicode()
 
@@ -265,15 +279,15 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
         return "".join(enc[x] for x in b)
 
     vocab = {s(tok): rank for tok, rank in ranks.items()}
-    merges: list[tuple[int, int, int, bytes, bytes]] = []
-    for tok, rank in ranks.items():
-        for i in range(1, len(tok)):
-            left, right = tok[:i], tok[i:]
-            rl, rr = ranks.get(left), ranks.get(right)
-            if rl is not None and rr is not None:
-                merges.append((rank, rl, rr, left, right))
-    merges.sort()
-    return vocab, [(s(m[3]), s(m[4])) for m in merges]
+    merges = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(tok) == 1:
+            continue
+        parts = _bpe(ranks, tok, rank)
+        if len(parts) != 2:
+            raise ValueError(f"token {tok!r} (rank {rank}) is not the merge of two earlier tokens: {parts}")
+        merges.append((s(parts[0]), s(parts[1])))
+    return vocab, merges
 
 
 def build_tokenizer(tiktoken_path=None, cache_dir=None):
@@ -300,6 +314,10 @@ def build_tokenizer(tiktoken_path=None, cache_dir=None):
             tok.add_special_tokens([added])
         else:
             tok.add_tokens([added])
+    # decoders.ByteLevel takes no options; Qwen's file spells them out (decoding ignores them).
+    spec = json.loads(tok.to_str())
+    spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    tok = Tokenizer.from_str(json.dumps(spec))
     for content, want in SPECIAL_IDS.items():
         got = tok.token_to_id(content)
         if got != want:
