@@ -3,15 +3,21 @@
 Each context gets a fresh sequence of deterministic pseudo-random tokens (the cost
 of a token does not depend on which tokens they are), a timed prefill, then `gen`
 greedy decode steps. Medians, from the engine's own step statistics.
+For a mixture-of-experts model, also the experts run per decoded token (over all
+MoE layers), the share of all experts run since load, and the process's resident
+memory after the context's run: the experts that never ran stay on disk.
 """
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
+import psutil
 
 from .profiler import DecodeStats, PrefillStats
 from .sampling import SamplingParams
+
+MIB = 1 << 20
 
 
 def _prompt(engine, n: int, salt: int = 0) -> list[int]:
@@ -43,7 +49,17 @@ def measure(engine, n: int, gen: int, salt: int = 0) -> tuple[PrefillStats, list
 
 def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[dict]:
     rows = []
+    use = getattr(engine.model, "expert_use", None)       # MoE families only
+    experts_per_step: list[float] = []
+
+    def count_experts(stats) -> None:
+        if isinstance(stats, DecodeStats):
+            experts_per_step.append(use.experts_per_token)
+
+    if use is not None:
+        engine.add_stats_listener(count_experts)
     for n in contexts:
+        experts_per_step.clear()
         prefills, decodes = [], []
         for r in range(repeat):
             p, d = measure(engine, n, gen, salt=r)
@@ -64,6 +80,11 @@ def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[di
             "decode_steps": len(decodes),
             "kv_bytes_per_token_per_layer": engine.cache.bytes_per_token_per_layer,
         })
+        if use is not None:
+            rows[-1].update(experts_per_token=statistics.median(experts_per_step) if experts_per_step else float("nan"),
+                            experts_run_share=use.share_ever_ran, rss_bytes=psutil.Process().memory_info().rss)
+    if use is not None:
+        engine._listeners.remove(count_experts)
     return rows
 
 
@@ -71,13 +92,23 @@ def format_table(engine, rows: list[dict]) -> str:
     info = engine.info()
     head = (f"model {info['model']}  weights {info['weights']}  kv {info['kv']}  "
             f"threads {info['threads']}  kernels {info['kernel_path']}")
+    moe = bool(rows) and "experts_per_token" in rows[0]
+    if moe:
+        c, m = engine.config, engine.model
+        head += (f"\nMoE: top-{c.num_experts_per_tok} of {c.num_experts} experts in {m.expert_use.n_moe_layers} "
+                 f"layers; expert weights {m.expert_bytes / MIB:.0f} MiB of {engine.weight_bytes / MIB:.0f} MiB, "
+                 f"mapped, paged in when routed to (experts/tok: expert runs per decoded token over all "
+                 f"MoE layers; experts run: share of all experts run since load; RSS after the context's run)")
     lines = [head,
              f"{'context':>8} {'prefill tok/s':>14} {'decode ms/tok':>14} {'attn ms/tok':>12} "
-             f"{'attn share':>11} {'KV B/tok/layer':>15}"]
+             f"{'attn share':>11} {'KV B/tok/layer':>15}"
+             + (f" {'experts/tok':>11} {'experts run':>12} {'RSS MiB':>8}" if moe else "")]
     for r in rows:
         lines.append(f"{r['context']:>8} {r['prefill_tokens_per_s']:>14.1f} {r['decode_ms_per_token']:>14.2f} "
                      f"{r['attn_ms_per_token']:>12.2f} {100 * r['attn_share']:>10.1f}% "
-                     f"{r['kv_bytes_per_token_per_layer']:>15}")
+                     f"{r['kv_bytes_per_token_per_layer']:>15}"
+                     + (f" {r['experts_per_token']:>11.1f} {100 * r['experts_run_share']:>11.1f}% "
+                        f"{r['rss_bytes'] / MIB:>8.0f}" if moe else ""))
     return "\n".join(lines)
 
 

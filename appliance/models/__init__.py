@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from ..errors import ModelLoadError
-from . import qwen3
+from . import qwen3, qwen3_moe
 
 FAMILIES = {
     "qwen3": qwen3,
+    "qwen3_moe": qwen3_moe,
 }
 
 

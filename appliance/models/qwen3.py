@@ -77,51 +77,74 @@ class Qwen3Config:
         return self.num_key_value_heads * self.head_dim
 
 
-def tensor_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
-    """Our tensors and the checkpoint tensors they come from (fused projections concatenate rows)."""
-    h, f = cfg.hidden_size, cfg.intermediate_size
+def head_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
+    """Token embedding, final norm and (untied) lm_head."""
+    h = cfg.hidden_size
     plan = [TensorSpec("embed", "embedding", [prefix + "embed_tokens.weight"], (cfg.vocab_size, h)),
             TensorSpec("norm", "vector", [prefix + "norm.weight"], (h,))]
     if not cfg.tie_word_embeddings:
         plan.append(TensorSpec("lm_head", "linear", ["lm_head.weight"], (cfg.vocab_size, h),
                                at_least_q8=True))
-    for i in range(cfg.num_hidden_layers):
-        p = f"{prefix}layers.{i}."
-        a = p + "self_attn."
-        plan += [
-            TensorSpec(f"{i}.attn_norm", "vector", [p + "input_layernorm.weight"], (h,)),
-            TensorSpec(f"{i}.mlp_norm", "vector", [p + "post_attention_layernorm.weight"], (h,)),
-            TensorSpec(f"{i}.q_norm", "vector", [a + "q_norm.weight"], (cfg.head_dim,)),
-            TensorSpec(f"{i}.k_norm", "vector", [a + "k_norm.weight"], (cfg.head_dim,)),
-            TensorSpec(f"{i}.qkv", "linear", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
-                       (cfg.q_dim + 2 * cfg.kv_dim, h)),
-            TensorSpec(f"{i}.o", "linear", [a + "o_proj.weight"], (h, cfg.q_dim)),
-            TensorSpec(f"{i}.gate_up", "linear", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-                       (2 * f, h)),
-            TensorSpec(f"{i}.down", "linear", [p + "mlp.down_proj.weight"], (h, f)),
-        ]
-        if cfg.attention_bias:
-            plan.append(TensorSpec(f"{i}.qkv_bias", "vector",
-                                   [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"],
-                                   (cfg.q_dim + 2 * cfg.kv_dim,)))
     return plan
 
 
-class Qwen3Layer:
+def attention_plan(cfg: Qwen3Config, i: int, prefix: str = "model.") -> list[TensorSpec]:
+    """Layer i's attention sublayer: its input norm, fused q/k/v, per-head q/k norms, o."""
+    h = cfg.hidden_size
+    p = f"{prefix}layers.{i}."
+    a = p + "self_attn."
+    plan = [
+        TensorSpec(f"{i}.attn_norm", "vector", [p + "input_layernorm.weight"], (h,)),
+        TensorSpec(f"{i}.q_norm", "vector", [a + "q_norm.weight"], (cfg.head_dim,)),
+        TensorSpec(f"{i}.k_norm", "vector", [a + "k_norm.weight"], (cfg.head_dim,)),
+        TensorSpec(f"{i}.qkv", "linear", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+                   (cfg.q_dim + 2 * cfg.kv_dim, h)),
+        TensorSpec(f"{i}.o", "linear", [a + "o_proj.weight"], (h, cfg.q_dim)),
+    ]
+    if cfg.attention_bias:
+        plan.append(TensorSpec(f"{i}.qkv_bias", "vector",
+                               [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"],
+                               (cfg.q_dim + 2 * cfg.kv_dim,)))
+    return plan
+
+
+def swiglu_plan(name: str, source: str, hidden: int, intermediate: int) -> list[TensorSpec]:
+    """A SwiGLU MLP's linears: gate and up fused into one (gate rows first), then down."""
+    return [TensorSpec(f"{name}.gate_up", "linear", [source + "gate_proj.weight", source + "up_proj.weight"],
+                       (2 * intermediate, hidden)),
+            TensorSpec(f"{name}.down", "linear", [source + "down_proj.weight"], (hidden, intermediate))]
+
+
+def mlp_plan(cfg: Qwen3Config, i: int, prefix: str = "model.") -> list[TensorSpec]:
+    """Layer i's dense MLP sublayer: its input norm and the SwiGLU MLP."""
+    p = f"{prefix}layers.{i}."
+    return ([TensorSpec(f"{i}.mlp_norm", "vector", [p + "post_attention_layernorm.weight"], (cfg.hidden_size,))]
+            + swiglu_plan(str(i), p + "mlp.", cfg.hidden_size, cfg.intermediate_size))
+
+
+def tensor_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
+    """Our tensors and the checkpoint tensors they come from (fused projections concatenate rows)."""
+    plan = head_plan(cfg, prefix)
+    for i in range(cfg.num_hidden_layers):
+        plan += attention_plan(cfg, i, prefix) + mlp_plan(cfg, i, prefix)
+    return plan
+
+
+class Qwen3Attention:
+    """The attention sublayer: h += o(attention(rope(qk_norm(qkv(rmsnorm(h))))))."""
+
     def __init__(self, cfg: Qwen3Config, i: int, kind: str, t: dict):
         self.cfg, self.index = cfg, i
-        self.attn_norm, self.mlp_norm = t[f"{i}.attn_norm"], t[f"{i}.mlp_norm"]
+        self.norm = t[f"{i}.attn_norm"]
         self.q_norm, self.k_norm = t[f"{i}.q_norm"], t[f"{i}.k_norm"]
         self.qkv = Linear.from_tensors(kind, t, f"{i}.qkv", bias=t.get(f"{i}.qkv_bias"))
         self.o = Linear.from_tensors(kind, t, f"{i}.o")
-        self.gate_up = Linear.from_tensors(kind, t, f"{i}.gate_up")
-        self.down = Linear.from_tensors(kind, t, f"{i}.down")
 
-    def forward(self, h: np.ndarray, batch: Batch, attention, timer) -> None:
+    def __call__(self, h: np.ndarray, batch: Batch, attention, timer) -> None:
         """Update the residual stream h float32[M, hidden] in place."""
         cfg = self.cfg
         m, hd = h.shape[0], cfg.head_dim
-        x = kernels.rmsnorm(h, self.attn_norm, cfg.rms_norm_eps)
+        x = kernels.rmsnorm(h, self.norm, cfg.rms_norm_eps)
         with timer.gemm():
             qkv = self.qkv(x)                                    # [M, q_dim + 2*kv_dim]
         q = kernels.rmsnorm(np.ascontiguousarray(qkv[:, :cfg.q_dim]).reshape(-1, hd),
@@ -135,13 +158,50 @@ class Qwen3Layer:
             a = attention(self.index, q, k, v, batch)             # [M, q_dim]
         with timer.gemm():
             h += self.o(a)
-        x = kernels.rmsnorm(h, self.mlp_norm, cfg.rms_norm_eps)
+
+
+class SwiGLU:
+    """down(silu(gate(x)) * up(x)) with gate and up in one fused linear."""
+
+    def __init__(self, kind: str, t: dict, name: str):
+        self.gate_up = Linear.from_tensors(kind, t, f"{name}.gate_up")
+        self.down = Linear.from_tensors(kind, t, f"{name}.down")
+        self.intermediate = self.gate_up.n_out // 2
+
+    def __call__(self, x: np.ndarray, timer) -> np.ndarray:
+        """float32[M, hidden] -> float32[M, hidden]."""
         with timer.gemm():
             gu = self.gate_up(x)                                 # [M, 2*intermediate]
-        f = cfg.intermediate_size
+        f = self.intermediate
         act = kernels.silu_mul(np.ascontiguousarray(gu[:, :f]), np.ascontiguousarray(gu[:, f:]))
         with timer.gemm():
-            h += self.down(act)
+            return self.down(act)
+
+
+class Qwen3MLP:
+    """The dense MLP sublayer: h += swiglu(rmsnorm(h))."""
+
+    def __init__(self, cfg: Qwen3Config, i: int, kind: str, t: dict):
+        self.eps = cfg.rms_norm_eps
+        self.norm = t[f"{i}.mlp_norm"]
+        self.mlp = SwiGLU(kind, t, str(i))
+
+    def __call__(self, h: np.ndarray, timer) -> None:
+        h += self.mlp(kernels.rmsnorm(h, self.norm, self.eps), timer)
+
+
+class Qwen3Layer:
+    """Attention sublayer then MLP sublayer (dense here; a MoE family passes its own)."""
+
+    def __init__(self, cfg: Qwen3Config, i: int, kind: str, t: dict, mlp=None):
+        self.index = i
+        self.attention = Qwen3Attention(cfg, i, kind, t)
+        self.mlp = mlp if mlp is not None else Qwen3MLP(cfg, i, kind, t)
+
+    def forward(self, h: np.ndarray, batch: Batch, attention, timer) -> None:
+        """Update the residual stream h float32[M, hidden] in place."""
+        self.attention(h, batch, attention, timer)
+        self.mlp(h, timer)
 
 
 class Qwen3Model:
@@ -153,11 +213,14 @@ class Qwen3Model:
         self.cfg = cfg
         self.embed = Embedding("f32" if kind == "f32" else "q8", tensors, "embed")
         self.norm = tensors["norm"]
-        self.layers = [Qwen3Layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
+        self.layers = [self.make_layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
         self.lm_head = (self.embed.as_linear() if cfg.tie_word_embeddings
                         else Linear.from_tensors("f32" if kind == "f32" else "q8", tensors, "lm_head"))
         half = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
         self.inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** half)).astype(np.float32)
+
+    def make_layer(self, cfg: Qwen3Config, i: int, kind: str, tensors: dict) -> Qwen3Layer:
+        return Qwen3Layer(cfg, i, kind, tensors)
 
     def forward(self, batch: Batch, attention, timer) -> np.ndarray:
         """Hidden states float32[M, hidden] after the final norm, for every row of the batch."""
