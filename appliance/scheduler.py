@@ -9,7 +9,8 @@ request's own event queue, which carries the engine's TokenEvents and then one
 One loop iteration ("step"):
   1. retire requests that were cancelled (client gone) or ran out of time, freeing
      their KV blocks: a disconnect costs at most the step in progress;
-  2. admit waiting requests while there are batch slots and KV blocks: start + prefill;
+  2. admit waiting requests while there are batch slots and KV blocks: start + prefill
+     (while others decode, up to PREFILL_BUDGET prompt tokens per step);
   3. decode every running sequence together: one batched engine.decode() call.
 Requests are answered in arrival order; a request whose KV does not fit waits at the
 head of the queue until running ones finish and free blocks.
@@ -31,6 +32,7 @@ from appliance.engine import ContextLengthError, KVCacheFullError
 log = logging.getLogger("appliance.scheduler")
 
 OUTCOMES = ("stop", "length", "cancelled", "timeout", "shutdown", "error")
+PREFILL_BUDGET = 512     # prompt tokens prefilled per step while other sequences decode
 
 
 class AdmissionError(Exception):
@@ -223,10 +225,16 @@ class Scheduler:
             self._finish(req, Finished("shutdown", None, "the server stopped"))
 
     def _take_admissible(self) -> list[Request]:
-        """Under the lock: pop as many waiting requests as there are free batch slots."""
-        admit = []
+        """Under the lock: pop waiting requests into free batch slots. While sequences are
+        decoding, prefills per step stop at PREFILL_BUDGET prompt tokens (at least one
+        request), so a burst of long prompts cannot stall running streams for long."""
+        admit, tokens = [], 0
         while self.waiting and len(self.running) + len(admit) < self.max_batch:
-            admit.append(self.waiting.popleft())
+            if self.running and admit and tokens + len(self.waiting[0].prompt_ids) > PREFILL_BUDGET:
+                break
+            req = self.waiting.popleft()
+            tokens += len(req.prompt_ids)
+            admit.append(req)
         return admit
 
     def _step(self, admit: list[Request]) -> None:

@@ -156,9 +156,10 @@ def test_raw_sse_framing(idle_server, model_id):
 
 
 def test_max_tokens_clamped_to_context(idle_server, model_id):
-    r = idle_server.post("/v1/completions", json={"model": model_id, "prompt": "Hello", "max_tokens": 10 ** 6,
+    prompt = [5] * 2030                    # token ids: 18 tokens of room in the 2,048-token context
+    r = idle_server.post("/v1/completions", json={"model": model_id, "prompt": prompt, "max_tokens": 10 ** 6,
                                                  "ignore_eos": True, "temperature": 0})
     assert r.status_code == 200
     usage = r.json()["usage"]
-    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 2048
+    assert usage["prompt_tokens"] == 2030 and 0 < usage["completion_tokens"] <= 18
     assert r.json()["choices"][0]["finish_reason"] == "length"
