@@ -50,6 +50,8 @@ def cpu_features():
 
 
 # ---- argument checks -------------------------------------------------------------
+# numpy's C API rather than typed memoryviews: acquiring a memoryview costs ~0.5 us per
+# array, these checks ~50 ns, and a decode step makes ~300 calls.
 
 cdef inline bint _use_simd(object path) except -1:
     if path == "simd":
@@ -70,112 +72,31 @@ cdef str _what(object a):
         layout = "C-contiguous" if a.flags.c_contiguous else "non-contiguous"
         ro = "" if a.flags.writeable else " read-only"
         return f"{layout}{ro} {a.dtype} array of shape {a.shape}"
-    return f"{type(a).__name__}"
+    return type(a).__name__
 
 
-cdef _bad(str name, str want, object a, object err):
-    return ValueError(f"{name}: expected a C-contiguous {want} array, got {_what(a)} ({err})")
-
-
-cdef const float[::1] _f32_1d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "float32 1-D", a, e) from None
-
-
-cdef const float[:, ::1] _f32_2d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "float32 2-D", a, e) from None
-
-
-cdef const float[:, :, ::1] _f32_3d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "float32 3-D", a, e) from None
-
-
-cdef const float[:, :, :, ::1] _f32_4d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "float32 4-D", a, e) from None
-
-
-cdef float[:, ::1] _f32_2d_out(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "writable float32 2-D", a, e) from None
-
-
-cdef float[:, :, ::1] _f32_3d_out(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "writable float32 3-D", a, e) from None
-
-
-cdef const int8_t[:, ::1] _i8_2d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "int8 2-D", a, e) from None
-
-
-cdef const int8_t[:, :, :, ::1] _i8_4d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "int8 4-D", a, e) from None
-
-
-cdef const uint8_t[:, ::1] _u8_2d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "uint8 2-D", a, e) from None
-
-
-cdef const uint8_t[:, :, :, ::1] _u8_4d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "uint8 4-D", a, e) from None
-
-
-cdef const int32_t[::1] _i32_1d(object a, str name) except *:
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "int32 1-D", a, e) from None
-
-
-cdef const uint16_t[:, ::1] _half_2d(object a, str name) except *:
-    # float16 has no C type here: its bits go to C as uint16 (kernels.h says so).
-    if cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT16:
-        a = (<cnp.ndarray>a).view(np.uint16)
-    try:
-        return a
-    except (TypeError, ValueError) as e:
-        raise _bad(name, "float16 (or uint16 bits) 2-D", a, e) from None
-
-
-cdef float *_f32_flat(object a, str name, bint writable, Py_ssize_t *size) except NULL:
-    """Any-shaped C-contiguous float32 array -> its data pointer and element count."""
+cdef int _check(object a, str name, int typenum, int ndim, bint writable, str want) except -1:
+    """a is a C-contiguous, aligned, native-order ndarray of typenum with ndim dimensions.
+    float16 arrays may also come as their uint16 bits (kernels.h takes the bits)."""
     cdef cnp.ndarray arr
-    if not cnp.PyArray_Check(a):
-        raise ValueError(f"{name}: expected a float32 numpy array, got {_what(a)}")
-    arr = <cnp.ndarray>a
-    if (cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr)
-            or not cnp.PyArray_ISALIGNED(arr) or (writable and not cnp.PyArray_ISWRITEABLE(arr))):
-        want = "writable float32" if writable else "float32"
-        raise ValueError(f"{name}: expected a C-contiguous aligned {want} array, got {_what(a)}")
-    size[0] = cnp.PyArray_SIZE(arr)
-    return <float *>cnp.PyArray_DATA(arr)
+    cdef int t
+    if cnp.PyArray_Check(a):
+        arr = <cnp.ndarray>a
+        t = cnp.PyArray_TYPE(arr)
+        if ((t == typenum or (typenum == cnp.NPY_FLOAT16 and t == cnp.NPY_UINT16))
+                and cnp.PyArray_NDIM(arr) == ndim and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+                and cnp.PyArray_ISBEHAVED_RO(arr) and (not writable or cnp.PyArray_ISWRITEABLE(arr))):
+            return 0
+    w = "writable " if writable else ""
+    raise ValueError(f"{name}: expected a C-contiguous {w}{want} array, got {_what(a)}")
+
+
+cdef inline Py_ssize_t _dim(object a, int i) noexcept:
+    return cnp.PyArray_DIMS(<cnp.ndarray>a)[i]
+
+
+cdef inline void *_data(object a) noexcept:
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
 cdef inline int _check_k(Py_ssize_t K, str name) except -1:
@@ -198,43 +119,74 @@ cdef inline object _empty(int nd, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t d2, i
     return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
 
 
+cdef object _out2(object out, Py_ssize_t M, Py_ssize_t N):
+    """out float32[M, N], allocated when None."""
+    if out is None:
+        return _empty(2, M, N, 0, cnp.NPY_FLOAT32)
+    _check(out, "out", cnp.NPY_FLOAT32, 2, 1, "float32 2-D")
+    _check_dim(_dim(out, 0), M, "out.shape[0]")
+    _check_dim(_dim(out, 1), N, "out.shape[1]")
+    return out
+
+
 # ---- quantize / GEMM -----------------------------------------------------------------
 
 def quantize_rows_q8(x, path="simd"):
     """x float32[M, K] -> (q int8[M, K], d float32[M, K/32]): d = amax/127, q = rint(x * 127/amax)."""
     cdef bint simd = _use_simd(path)
-    cdef const float[:, ::1] xv = _f32_2d(x, "x")
-    cdef Py_ssize_t M = xv.shape[0], K = xv.shape[1]
+    _check(x, "x", cnp.NPY_FLOAT32, 2, 0, "float32 2-D")
+    cdef Py_ssize_t M = _dim(x, 0), K = _dim(x, 1)
     _check_k(K, "x")
     q = _empty(2, M, K, 0, cnp.NPY_INT8)
     d = _empty(2, M, K // QK, 0, cnp.NPY_FLOAT32)
+    cdef const float *xp = <const float *>_data(x)
+    cdef int8_t *qp = <int8_t *>_data(q)
+    cdef float *dp = <float *>_data(d)
     if M == 0:
         return q, d
-    cdef int8_t[:, ::1] qv = q
-    cdef float[:, ::1] dv = d
     with nogil:
         if simd:
-            quantize_rows_q8_simd(&xv[0, 0], M, K, &qv[0, 0], &dv[0, 0])
+            quantize_rows_q8_simd(xp, M, K, qp, dp)
         else:
-            quantize_rows_q8_portable(&xv[0, 0], M, K, &qv[0, 0], &dv[0, 0])
+            quantize_rows_q8_portable(xp, M, K, qp, dp)
     return q, d
 
 
-cdef int _check_gemm(Py_ssize_t N, Py_ssize_t K, Py_ssize_t wq_cols, Py_ssize_t wq_cols_want,
-                     const uint16_t[:, ::1] d, const int8_t[:, ::1] x, const float[:, ::1] xs,
-                     ) except -1:
+cdef object _gemm(bint q4, object wq, object wd, object xq, object xd, object out, object path,
+                  int threads):
+    cdef bint simd = _use_simd(path)
+    cdef int nt = _nthreads(threads)
+    if q4:
+        _check(wq, "wq", cnp.NPY_UINT8, 2, 0, "uint8 [N, K/2] (Q4_0)")
+    else:
+        _check(wq, "wq", cnp.NPY_INT8, 2, 0, "int8 [N, K] (Q8_0)")
+    _check(wd, "wd", cnp.NPY_FLOAT16, 2, 0, "float16 (or uint16 bits) [N, K/32]")
+    _check(xq, "xq", cnp.NPY_INT8, 2, 0, "int8 [M, K]")
+    _check(xd, "xd", cnp.NPY_FLOAT32, 2, 0, "float32 [M, K/32]")
+    cdef Py_ssize_t N = _dim(wq, 0), K = _dim(xq, 1), M = _dim(xq, 0)
     _check_k(K, "xq")
-    _check_dim(wq_cols, wq_cols_want, "wq.shape[1]")
-    _check_dim(d.shape[0], N, "wd.shape[0]")
-    _check_dim(d.shape[1], K // QK, "wd.shape[1]")
-    _check_dim(xs.shape[0], x.shape[0], "xd.shape[0]")
-    _check_dim(xs.shape[1], K // QK, "xd.shape[1]")
-    return 0
-
-
-cdef object _gemm_out(object out, Py_ssize_t M, Py_ssize_t N):
-    if out is None:
-        return _empty(2, M, N, 0, cnp.NPY_FLOAT32)
+    _check_dim(_dim(wq, 1), K // 2 if q4 else K, "wq.shape[1]")
+    _check_dim(_dim(wd, 0), N, "wd.shape[0]")
+    _check_dim(_dim(wd, 1), K // QK, "wd.shape[1]")
+    _check_dim(_dim(xd, 0), M, "xd.shape[0]")
+    _check_dim(_dim(xd, 1), K // QK, "xd.shape[1]")
+    out = _out2(out, M, N)
+    cdef const void *w = _data(wq)
+    cdef const uint16_t *d = <const uint16_t *>_data(wd)
+    cdef const int8_t *x = <const int8_t *>_data(xq)
+    cdef const float *xs = <const float *>_data(xd)
+    cdef float *y = <float *>_data(out)
+    if M == 0 or N == 0:
+        return out
+    with nogil:
+        if q4 and simd:
+            gemm_q4_simd(<const uint8_t *>w, d, N, K, x, xs, M, y, nt)
+        elif q4:
+            gemm_q4_portable(<const uint8_t *>w, d, N, K, x, xs, M, y, nt)
+        elif simd:
+            gemm_q8_simd(<const int8_t *>w, d, N, K, x, xs, M, y, nt)
+        else:
+            gemm_q8_portable(<const int8_t *>w, d, N, K, x, xs, M, y, nt)
     return out
 
 
@@ -243,50 +195,12 @@ def gemm_q8(wq, wd, xq, xd, out=None, path="simd", int threads=0):
 
     wq int8[N, K], wd float16[N, K/32] (Q8_0); xq int8[M, K], xd float32[M, K/32].
     """
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
-    cdef const int8_t[:, ::1] w = _i8_2d(wq, "wq")
-    cdef const uint16_t[:, ::1] d = _half_2d(wd, "wd")
-    cdef const int8_t[:, ::1] x = _i8_2d(xq, "xq")
-    cdef const float[:, ::1] xs = _f32_2d(xd, "xd")
-    cdef Py_ssize_t N = w.shape[0], K = x.shape[1], M = x.shape[0]
-    _check_gemm(N, K, w.shape[1], K, d, x, xs)
-    out = _gemm_out(out, M, N)
-    cdef float[:, ::1] y = _f32_2d_out(out, "out")
-    _check_dim(y.shape[0], M, "out.shape[0]")
-    _check_dim(y.shape[1], N, "out.shape[1]")
-    if M == 0 or N == 0:
-        return out
-    with nogil:
-        if simd:
-            gemm_q8_simd(&w[0, 0], &d[0, 0], N, K, &x[0, 0], &xs[0, 0], M, &y[0, 0], nt)
-        else:
-            gemm_q8_portable(&w[0, 0], &d[0, 0], N, K, &x[0, 0], &xs[0, 0], M, &y[0, 0], nt)
-    return out
+    return _gemm(0, wq, wd, xq, xd, out, path, threads)
 
 
 def gemm_q4(wq, wd, xq, xd, out=None, path="simd", int threads=0):
     """As gemm_q8 with Q4_0 weights: wq uint8[N, K/2] (nibbles, see kernels.h), wd float16[N, K/32]."""
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
-    cdef const uint8_t[:, ::1] w = _u8_2d(wq, "wq")
-    cdef const uint16_t[:, ::1] d = _half_2d(wd, "wd")
-    cdef const int8_t[:, ::1] x = _i8_2d(xq, "xq")
-    cdef const float[:, ::1] xs = _f32_2d(xd, "xd")
-    cdef Py_ssize_t N = w.shape[0], K = x.shape[1], M = x.shape[0]
-    _check_gemm(N, K, w.shape[1], K // 2, d, x, xs)
-    out = _gemm_out(out, M, N)
-    cdef float[:, ::1] y = _f32_2d_out(out, "out")
-    _check_dim(y.shape[0], M, "out.shape[0]")
-    _check_dim(y.shape[1], N, "out.shape[1]")
-    if M == 0 or N == 0:
-        return out
-    with nogil:
-        if simd:
-            gemm_q4_simd(&w[0, 0], &d[0, 0], N, K, &x[0, 0], &xs[0, 0], M, &y[0, 0], nt)
-        else:
-            gemm_q4_portable(&w[0, 0], &d[0, 0], N, K, &x[0, 0], &xs[0, 0], M, &y[0, 0], nt)
-    return out
+    return _gemm(1, wq, wd, xq, xd, out, path, threads)
 
 
 # ---- elementwise -------------------------------------------------------------------
@@ -294,60 +208,74 @@ def gemm_q4(wq, wd, xq, xd, out=None, path="simd", int threads=0):
 def rmsnorm(x, w, float eps, out=None, path="simd"):
     """out float32[M, D] = x / sqrt(mean(x^2) + eps) * w; `out` may be `x`."""
     cdef bint simd = _use_simd(path)
-    cdef const float[:, ::1] xv = _f32_2d(x, "x")
-    cdef const float[::1] wv = _f32_1d(w, "w")
-    cdef Py_ssize_t M = xv.shape[0], D = xv.shape[1]
-    _check_dim(wv.shape[0], D, "w.shape[0]")
-    if out is None:
-        out = _empty(2, M, D, 0, cnp.NPY_FLOAT32)
-    cdef float[:, ::1] ov = _f32_2d_out(out, "out")
-    _check_dim(ov.shape[0], M, "out.shape[0]")
-    _check_dim(ov.shape[1], D, "out.shape[1]")
+    _check(x, "x", cnp.NPY_FLOAT32, 2, 0, "float32 [M, D]")
+    _check(w, "w", cnp.NPY_FLOAT32, 1, 0, "float32 [D]")
+    cdef Py_ssize_t M = _dim(x, 0), D = _dim(x, 1)
+    _check_dim(_dim(w, 0), D, "w.shape[0]")
+    out = _out2(out, M, D)
+    cdef const float *xp = <const float *>_data(x)
+    cdef const float *wp = <const float *>_data(w)
+    cdef float *op = <float *>_data(out)
     if M == 0 or D == 0:
         return out
     with nogil:
         if simd:
-            rmsnorm_simd(&xv[0, 0], &wv[0], M, D, eps, &ov[0, 0])
+            rmsnorm_simd(xp, wp, M, D, eps, op)
         else:
-            rmsnorm_portable(&xv[0, 0], &wv[0], M, D, eps, &ov[0, 0])
+            rmsnorm_portable(xp, wp, M, D, eps, op)
     return out
 
 
 def rope(x, pos, inv_freq, path="simd"):
     """In place, rotate-half: x float32[M, H, hd], pos int32[M], inv_freq float32[hd/2]."""
     cdef bint simd = _use_simd(path)
-    cdef float[:, :, ::1] xv = _f32_3d_out(x, "x")
-    cdef const int32_t[::1] pv = _i32_1d(pos, "pos")
-    cdef const float[::1] fv = _f32_1d(inv_freq, "inv_freq")
-    cdef Py_ssize_t M = xv.shape[0], H = xv.shape[1], hd = xv.shape[2]
+    _check(x, "x", cnp.NPY_FLOAT32, 3, 1, "float32 [M, H, hd]")
+    _check(pos, "pos", cnp.NPY_INT32, 1, 0, "int32 [M]")
+    _check(inv_freq, "inv_freq", cnp.NPY_FLOAT32, 1, 0, "float32 [hd/2]")
+    cdef Py_ssize_t M = _dim(x, 0), H = _dim(x, 1), hd = _dim(x, 2)
     if hd % 2:
         raise ValueError(f"x: head_dim {hd} must be even")
-    _check_dim(pv.shape[0], M, "pos.shape[0]")
-    _check_dim(fv.shape[0], hd // 2, "inv_freq.shape[0]")
+    _check_dim(_dim(pos, 0), M, "pos.shape[0]")
+    _check_dim(_dim(inv_freq, 0), hd // 2, "inv_freq.shape[0]")
+    cdef float *xp = <float *>_data(x)
+    cdef const int32_t *pp = <const int32_t *>_data(pos)
+    cdef const float *fp = <const float *>_data(inv_freq)
     if M == 0 or H == 0 or hd == 0:
         return None
     with nogil:
         if simd:
-            rope_simd(&xv[0, 0, 0], M, H, hd, &pv[0], &fv[0])
+            rope_simd(xp, M, H, hd, pp, fp)
         else:
-            rope_portable(&xv[0, 0, 0], M, H, hd, &pv[0], &fv[0])
+            rope_portable(xp, M, H, hd, pp, fp)
     return None
+
+
+cdef int _check_any(object a, str name, bint writable) except -1:
+    """Any-shaped C-contiguous float32 array."""
+    if cnp.PyArray_Check(a):
+        _check(a, name, cnp.NPY_FLOAT32, cnp.PyArray_NDIM(<cnp.ndarray>a), writable, "float32")
+        return 0
+    raise ValueError(f"{name}: expected a float32 numpy array, got {_what(a)}")
 
 
 def silu_mul(gate, up, out=None, path="simd"):
     """out = silu(gate) * up elementwise, any shape (all three alike); `out` may be `gate`."""
     cdef bint simd = _use_simd(path)
-    cdef Py_ssize_t n, n_up, n_out
-    cdef const float *g = _f32_flat(gate, "gate", 0, &n)
-    cdef const float *u = _f32_flat(up, "up", 0, &n_up)
+    _check_any(gate, "gate", 0)
+    _check_any(up, "up", 0)
     if gate.shape != up.shape:
         raise ValueError(f"up has shape {up.shape}, gate has {gate.shape}")
     if out is None:
         out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(<cnp.ndarray>gate), cnp.PyArray_DIMS(<cnp.ndarray>gate),
                                 cnp.NPY_FLOAT32, 0)
-    cdef float *o = _f32_flat(out, "out", 1, &n_out)
-    if out.shape != gate.shape:
-        raise ValueError(f"out has shape {out.shape}, gate has {gate.shape}")
+    else:
+        _check_any(out, "out", 1)
+        if out.shape != gate.shape:
+            raise ValueError(f"out has shape {out.shape}, gate has {gate.shape}")
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>gate)
+    cdef const float *g = <const float *>_data(gate)
+    cdef const float *u = <const float *>_data(up)
+    cdef float *o = <float *>_data(out)
     if n == 0:
         return out
     with nogil:
@@ -360,28 +288,10 @@ def silu_mul(gate, up, out=None, path="simd"):
 
 # ---- attention ---------------------------------------------------------------------
 
-cdef class _Tables:
-    """Validated block lists of one attention call (table/blockpos/count alike, qpos)."""
-    cdef const int32_t[::1] table, blockpos, count, qpos
-    cdef Py_ssize_t nsel, stride
-
-
-cdef const int32_t[::1] _i32_table(object a, str name, Py_ssize_t n_kv, Py_ssize_t *nsel,
-                                    Py_ssize_t *stride) except *:
-    if not isinstance(a, np.ndarray) or a.ndim not in (1, 2):
-        raise ValueError(f"{name}: expected an int32 array [nsel] or [n_kv, nsel], got {_what(a)}")
-    if a.ndim == 2:
-        if a.shape[0] != n_kv:
-            raise ValueError(f"{name}: per-head table has {a.shape[0]} rows, expected n_kv = {n_kv}")
-        nsel[0] = a.shape[1]
-        stride[0] = a.shape[1]
-        if not a.flags.c_contiguous:
-            raise _bad(name, "int32 2-D", a, "not C-contiguous")
-        a = a.reshape(-1)
-    else:
-        nsel[0] = a.shape[0]
-        stride[0] = 0
-    return _i32_1d(a, name)
+cdef enum:
+    ATTN_Q8 = 0
+    ATTN_Q4 = 1
+    ATTN_F32 = 2
 
 
 cdef int _check_tables(const int32_t *table, const int32_t *blockpos, const int32_t *count,
@@ -399,47 +309,112 @@ cdef int _check_tables(const int32_t *table, const int32_t *blockpos, const int3
     return 0
 
 
-cdef _Tables _tables(object table, object blockpos, object count, object qpos,
-                     Py_ssize_t n_kv, Py_ssize_t nblk, Py_ssize_t bs, Py_ssize_t T):
-    cdef _Tables tb = _Tables.__new__(_Tables)
-    cdef Py_ssize_t nsel2, stride2
-    tb.table = _i32_table(table, "table", n_kv, &tb.nsel, &tb.stride)
-    tb.blockpos = _i32_table(blockpos, "blockpos", n_kv, &nsel2, &stride2)
-    if nsel2 != tb.nsel or stride2 != tb.stride:
-        raise ValueError(f"blockpos has shape {blockpos.shape}, table has {table.shape}")
-    tb.count = _i32_table(count, "count", n_kv, &nsel2, &stride2)
-    if nsel2 != tb.nsel or stride2 != tb.stride:
-        raise ValueError(f"count has shape {count.shape}, table has {table.shape}")
-    tb.qpos = _i32_1d(qpos, "qpos")
-    _check_dim(tb.qpos.shape[0], T, "qpos.shape[0]")
-    if tb.table.shape[0] > 0:
-        _check_tables(&tb.table[0], &tb.blockpos[0], &tb.count[0], tb.table.shape[0], nblk, bs)
-    return tb
+cdef int _check_list(object a, str name, Py_ssize_t ndim, Py_ssize_t n_kv, Py_ssize_t nsel) except -1:
+    _check(a, name, cnp.NPY_INT32, ndim, 0, "int32 [nsel] or [n_kv, nsel]")
+    if ndim == 2:
+        _check_dim(_dim(a, 0), n_kv, f"{name}.shape[0] (n_kv)")
+    _check_dim(_dim(a, ndim - 1), nsel, f"{name}.shape[-1] (nsel, as table)")
+    return 0
 
 
-cdef int _check_attn(const float[:, :, ::1] qv, Py_ssize_t nblk, Py_ssize_t n_kv, Py_ssize_t bs,
-                     Py_ssize_t *group) except -1:
-    cdef Py_ssize_t hd = qv.shape[2]
+cdef object _attention(int kind, object q, object k, object ks, object v, object vs, object table,
+                       object blockpos, object count, object qpos, float scale, object out,
+                       object path, int threads):
+    cdef bint simd = _use_simd(path)
+    cdef int nt = _nthreads(threads)
+    _check(q, "q", cnp.NPY_FLOAT32, 3, 0, "float32 [T, Hq, hd]")
+    cdef Py_ssize_t T = _dim(q, 0), Hq = _dim(q, 1), hd = _dim(q, 2)
+    if kind == ATTN_Q8:
+        _check(k, "k", cnp.NPY_INT8, 4, 0, "int8 [nblk, n_kv, bs, hd]")
+        _check(v, "v", cnp.NPY_INT8, 4, 0, "int8 [nblk, n_kv, bs, hd]")
+        _check(ks, "ks", cnp.NPY_FLOAT32, 3, 0, "float32 [nblk, n_kv, bs]")
+        _check(vs, "vs", cnp.NPY_FLOAT32, 3, 0, "float32 [nblk, n_kv, bs]")
+    elif kind == ATTN_Q4:
+        _check(k, "k", cnp.NPY_UINT8, 4, 0, "uint8 [nblk, n_kv, bs, hd/2]")
+        _check(v, "v", cnp.NPY_UINT8, 4, 0, "uint8 [nblk, n_kv, bs, hd/2]")
+        _check(ks, "ks", cnp.NPY_FLOAT32, 4, 0, "float32 [nblk, n_kv, bs, hd/32]")
+        _check(vs, "vs", cnp.NPY_FLOAT32, 4, 0, "float32 [nblk, n_kv, bs, hd/32]")
+    else:
+        _check(k, "k", cnp.NPY_FLOAT32, 4, 0, "float32 [nblk, n_kv, bs, hd]")
+        _check(v, "v", cnp.NPY_FLOAT32, 4, 0, "float32 [nblk, n_kv, bs, hd]")
+    cdef Py_ssize_t nblk = _dim(k, 0), n_kv = _dim(k, 1), bs = _dim(k, 2)
     if hd <= 0 or hd % QK:
         raise ValueError(f"q: head_dim {hd} must be a positive multiple of {QK}")
-    if n_kv <= 0 or qv.shape[1] % n_kv:
-        raise ValueError(f"q has {qv.shape[1]} heads, not a multiple of the cache's {n_kv} kv heads")
+    if n_kv <= 0 or Hq % n_kv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {n_kv} kv heads")
     if bs <= 0:
-        raise ValueError(f"cache block size must be positive, got {bs}")
-    group[0] = qv.shape[1] // n_kv
-    return 0
+        raise ValueError(f"k: block size must be positive, got {bs}")
+    cdef Py_ssize_t row = hd // 2 if kind == ATTN_Q4 else hd
+    for a, name in ((k, "k"), (v, "v")):
+        _check_dim(_dim(a, 0), nblk, f"{name}.shape[0]")
+        _check_dim(_dim(a, 1), n_kv, f"{name}.shape[1]")
+        _check_dim(_dim(a, 2), bs, f"{name}.shape[2]")
+        _check_dim(_dim(a, 3), row, f"{name}.shape[3]")
+    if kind != ATTN_F32:
+        for a, name in ((ks, "ks"), (vs, "vs")):
+            _check_dim(_dim(a, 0), nblk, f"{name}.shape[0]")
+            _check_dim(_dim(a, 1), n_kv, f"{name}.shape[1]")
+            _check_dim(_dim(a, 2), bs, f"{name}.shape[2]")
+            if kind == ATTN_Q4:
+                _check_dim(_dim(a, 3), hd // QK, f"{name}.shape[3]")
 
+    if not cnp.PyArray_Check(table) or cnp.PyArray_NDIM(<cnp.ndarray>table) not in (1, 2):
+        raise ValueError(f"table: expected an int32 array [nsel] or [n_kv, nsel], got {_what(table)}")
+    cdef Py_ssize_t tnd = cnp.PyArray_NDIM(<cnp.ndarray>table)
+    cdef Py_ssize_t nsel = _dim(table, tnd - 1)
+    cdef Py_ssize_t stride = nsel if tnd == 2 else 0
+    _check_list(table, "table", tnd, n_kv, nsel)
+    _check_list(blockpos, "blockpos", tnd, n_kv, nsel)
+    _check_list(count, "count", tnd, n_kv, nsel)
+    _check(qpos, "qpos", cnp.NPY_INT32, 1, 0, "int32 [T]")
+    _check_dim(_dim(qpos, 0), T, "qpos.shape[0]")
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *bp = <const int32_t *>_data(blockpos)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    _check_tables(tp, bp, cp, nsel * (n_kv if tnd == 2 else 1), nblk, bs)
 
-cdef object _attn_out(object out, const float[:, :, ::1] qv):
     if out is None:
-        return _empty(3, qv.shape[0], qv.shape[1], qv.shape[2], cnp.NPY_FLOAT32)
+        out = _empty(3, T, Hq, hd, cnp.NPY_FLOAT32)
+    else:
+        _check(out, "out", cnp.NPY_FLOAT32, 3, 1, "float32 [T, Hq, hd]")
+        if out.shape != q.shape:
+            raise ValueError(f"out has shape {out.shape}, q has {q.shape}")
+    cdef const float *qp = <const float *>_data(q)
+    cdef const void *kp = _data(k)
+    cdef const void *vp = _data(v)
+    cdef const float *ksp = NULL
+    cdef const float *vsp = NULL
+    if kind != ATTN_F32:
+        ksp = <const float *>_data(ks)
+        vsp = <const float *>_data(vs)
+    cdef const int32_t *qpp = <const int32_t *>_data(qpos)
+    cdef float *op = <float *>_data(out)
+    cdef Py_ssize_t group = Hq // n_kv
+    if T == 0 or Hq == 0:
+        return out
+    if nblk == 0 or nsel == 0:
+        (<cnp.ndarray>out).fill(0.0)
+        return out
+    with nogil:
+        if kind == ATTN_Q8 and simd:
+            attention_q8_simd(qp, T, n_kv, group, hd, <const int8_t *>kp, ksp, <const int8_t *>vp, vsp,
+                              bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+        elif kind == ATTN_Q8:
+            attention_q8_portable(qp, T, n_kv, group, hd, <const int8_t *>kp, ksp, <const int8_t *>vp, vsp,
+                                  bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+        elif kind == ATTN_Q4 and simd:
+            attention_q4_simd(qp, T, n_kv, group, hd, <const uint8_t *>kp, ksp, <const uint8_t *>vp, vsp,
+                              bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+        elif kind == ATTN_Q4:
+            attention_q4_portable(qp, T, n_kv, group, hd, <const uint8_t *>kp, ksp, <const uint8_t *>vp, vsp,
+                                  bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+        elif simd:
+            attention_f32_simd(qp, T, n_kv, group, hd, <const float *>kp, <const float *>vp,
+                               bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+        else:
+            attention_f32_portable(qp, T, n_kv, group, hd, <const float *>kp, <const float *>vp,
+                                   bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
     return out
-
-
-cdef int _check_same4(object a, object b, str na, str nb) except -1:
-    if a != b:
-        raise ValueError(f"{na} has shape {a}, {nb} has {b}")
-    return 0
 
 
 def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, float scale, out=None,
@@ -450,111 +425,21 @@ def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, float scale, out
     table/blockpos/count int32[nsel] (shared by all heads) or int32[n_kv, nsel] (per head);
     qpos int32[T]. Returns float32[T, Hq, hd]; a query that sees no row gets zeros.
     """
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
-    cdef const float[:, :, ::1] qv = _f32_3d(q, "q")
-    cdef const int8_t[:, :, :, ::1] kv = _i8_4d(k, "k")
-    cdef const int8_t[:, :, :, ::1] vv = _i8_4d(v, "v")
-    cdef const float[:, :, ::1] ksv = _f32_3d(ks, "ks")
-    cdef const float[:, :, ::1] vsv = _f32_3d(vs, "vs")
-    cdef Py_ssize_t T = qv.shape[0], hd = qv.shape[2]
-    cdef Py_ssize_t nblk = kv.shape[0], n_kv = kv.shape[1], bs = kv.shape[2], group
-    _check_attn(qv, nblk, n_kv, bs, &group)
-    _check_same4(k.shape, (nblk, n_kv, bs, hd), "k", "[nblk, n_kv, bs, hd]")
-    _check_same4(v.shape, (nblk, n_kv, bs, hd), "v", "k")
-    _check_same4(ks.shape, (nblk, n_kv, bs), "ks", "[nblk, n_kv, bs]")
-    _check_same4(vs.shape, (nblk, n_kv, bs), "vs", "[nblk, n_kv, bs]")
-    cdef _Tables tb = _tables(table, blockpos, count, qpos, n_kv, nblk, bs, T)
-    out = _attn_out(out, qv)
-    cdef float[:, :, ::1] ov = _f32_3d_out(out, "out")
-    _check_same4(out.shape, q.shape, "out", "q")
-    if T == 0 or nblk == 0 or tb.nsel == 0:
-        ov[...] = 0.0
-        return out
-    with nogil:
-        if simd:
-            attention_q8_simd(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0], &ksv[0, 0, 0],
-                                        &vv[0, 0, 0, 0], &vsv[0, 0, 0], bs, &tb.table[0], &tb.blockpos[0],
-                                        &tb.count[0], tb.nsel, tb.stride, &tb.qpos[0], scale,
-                                        &ov[0, 0, 0], nt)
-        else:
-            attention_q8_portable(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0], &ksv[0, 0, 0],
-                                            &vv[0, 0, 0, 0], &vsv[0, 0, 0], bs, &tb.table[0], &tb.blockpos[0],
-                                            &tb.count[0], tb.nsel, tb.stride, &tb.qpos[0], scale,
-                                            &ov[0, 0, 0], nt)
-    return out
+    return _attention(ATTN_Q8, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads)
 
 
 def attention_q4(q, k, ks, v, vs, table, blockpos, count, qpos, float scale, out=None,
                  path="simd", int threads=0):
     """As attention_q8 over a q4 cache: k, v uint8[nblk, n_kv, bs, hd/2] (Q4_0 nibbles),
     ks, vs float32[nblk, n_kv, bs, hd/32]."""
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
-    cdef const float[:, :, ::1] qv = _f32_3d(q, "q")
-    cdef const uint8_t[:, :, :, ::1] kv = _u8_4d(k, "k")
-    cdef const uint8_t[:, :, :, ::1] vv = _u8_4d(v, "v")
-    cdef const float[:, :, :, ::1] ksv = _f32_4d(ks, "ks")
-    cdef const float[:, :, :, ::1] vsv = _f32_4d(vs, "vs")
-    cdef Py_ssize_t T = qv.shape[0], hd = qv.shape[2]
-    cdef Py_ssize_t nblk = kv.shape[0], n_kv = kv.shape[1], bs = kv.shape[2], group
-    _check_attn(qv, nblk, n_kv, bs, &group)
-    _check_same4(k.shape, (nblk, n_kv, bs, hd // 2), "k", "[nblk, n_kv, bs, hd/2]")
-    _check_same4(v.shape, (nblk, n_kv, bs, hd // 2), "v", "k")
-    _check_same4(ks.shape, (nblk, n_kv, bs, hd // QK), "ks", "[nblk, n_kv, bs, hd/32]")
-    _check_same4(vs.shape, (nblk, n_kv, bs, hd // QK), "vs", "[nblk, n_kv, bs, hd/32]")
-    cdef _Tables tb = _tables(table, blockpos, count, qpos, n_kv, nblk, bs, T)
-    out = _attn_out(out, qv)
-    cdef float[:, :, ::1] ov = _f32_3d_out(out, "out")
-    _check_same4(out.shape, q.shape, "out", "q")
-    if T == 0 or nblk == 0 or tb.nsel == 0:
-        ov[...] = 0.0
-        return out
-    with nogil:
-        if simd:
-            attention_q4_simd(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0], &ksv[0, 0, 0, 0],
-                                        &vv[0, 0, 0, 0], &vsv[0, 0, 0, 0], bs, &tb.table[0], &tb.blockpos[0],
-                                        &tb.count[0], tb.nsel, tb.stride, &tb.qpos[0], scale,
-                                        &ov[0, 0, 0], nt)
-        else:
-            attention_q4_portable(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0], &ksv[0, 0, 0, 0],
-                                            &vv[0, 0, 0, 0], &vsv[0, 0, 0, 0], bs, &tb.table[0], &tb.blockpos[0],
-                                            &tb.count[0], tb.nsel, tb.stride, &tb.qpos[0], scale,
-                                            &ov[0, 0, 0], nt)
-    return out
+    return _attention(ATTN_Q4, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads)
 
 
 def attention_f32(q, k, v, table, blockpos, count, qpos, float scale, out=None, path="simd",
                   int threads=0):
     """As attention_q8 over an unquantized cache (a debugging probe): k, v float32[nblk, n_kv, bs, hd]."""
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
-    cdef const float[:, :, ::1] qv = _f32_3d(q, "q")
-    cdef const float[:, :, :, ::1] kv = _f32_4d(k, "k")
-    cdef const float[:, :, :, ::1] vv = _f32_4d(v, "v")
-    cdef Py_ssize_t T = qv.shape[0], hd = qv.shape[2]
-    cdef Py_ssize_t nblk = kv.shape[0], n_kv = kv.shape[1], bs = kv.shape[2], group
-    _check_attn(qv, nblk, n_kv, bs, &group)
-    _check_same4(k.shape, (nblk, n_kv, bs, hd), "k", "[nblk, n_kv, bs, hd]")
-    _check_same4(v.shape, (nblk, n_kv, bs, hd), "v", "k")
-    cdef _Tables tb = _tables(table, blockpos, count, qpos, n_kv, nblk, bs, T)
-    out = _attn_out(out, qv)
-    cdef float[:, :, ::1] ov = _f32_3d_out(out, "out")
-    _check_same4(out.shape, q.shape, "out", "q")
-    if T == 0 or nblk == 0 or tb.nsel == 0:
-        ov[...] = 0.0
-        return out
-    with nogil:
-        if simd:
-            attention_f32_simd(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0], &vv[0, 0, 0, 0],
-                                         bs, &tb.table[0], &tb.blockpos[0], &tb.count[0], tb.nsel,
-                                         tb.stride, &tb.qpos[0], scale, &ov[0, 0, 0], nt)
-        else:
-            attention_f32_portable(&qv[0, 0, 0], T, n_kv, group, hd, &kv[0, 0, 0, 0],
-                                             &vv[0, 0, 0, 0], bs, &tb.table[0], &tb.blockpos[0],
-                                             &tb.count[0], tb.nsel, tb.stride, &tb.qpos[0], scale,
-                                             &ov[0, 0, 0], nt)
-    return out
+    return _attention(ATTN_F32, q, k, None, v, None, table, blockpos, count, qpos, scale, out, path,
+                      threads)
 
 
 # ---- fp16 helpers (the portable bit manipulation, exposed for tests) -------------------
