@@ -197,3 +197,27 @@ def test_readiness_of_a_fresh_server(server_model_dir):
         assert 200 in codes and codes <= {200, 503}
     finally:
         srv.stop()
+
+
+def test_time_limit_answers_504_or_ends_the_stream_with_an_error(server_model_dir):
+    from appliance.config import Settings
+    from appliance.server import create_app
+
+    app = create_app({"settings": Settings(model=str(server_model_dir), max_context=2048, request_timeout=0.3,
+                                           sysfs_root="/nonexistent")})
+    rt = app.extensions["appliance"]
+    try:
+        assert rt.ready_event.wait(60) and rt.ready
+        c = app.test_client()
+        body = {"prompt": "Once upon", "max_tokens": 2000, "ignore_eos": True}
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 504 and r.json["error"]["code"] == "request_timeout"
+        assert "0.3 s" in r.json["error"]["message"]
+        r = c.post("/v1/completions", json={**body, "stream": True})
+        events = [line for line in r.get_data(as_text=True).split("\n") if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["error"]["code"] == "request_timeout"
+        m = rt.metrics.render()[0].decode()
+        assert 'appliance_requests_total{outcome="timeout"} 2.0' in m
+    finally:
+        rt.close()
