@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import start_server, wait_ready
+from live_server import start_server, wait_ready
 
 KEY = "test-key-0123456789"
 

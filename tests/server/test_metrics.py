@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from conftest import free_port
+from live_server import free_port
 
 
 def _traffic(server, model_id, n=2):
