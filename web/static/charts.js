@@ -1,6 +1,6 @@
 // Minimal canvas charts: line and scatter, with optional shaded x-ranges. No dependencies.
 // drawChart(canvas, {series: [{name, color, points: [[x, y], ...]}], kind: 'line'|'scatter',
-//                    xTime: bool, yMin, yMax, xLabel, shade: [[x0, x1], ...], shadeLabel})
+//                    xTime: bool, yMin, yMax, xLabel, floating: bool, shade: [[x0, x1, color?], ...]})
 "use strict";
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
 
@@ -58,12 +58,14 @@ function drawChart(canvas, opt) {
   const X = x => pad.l + (x - x0) / (x1 - x0) * (w - pad.l - pad.r);
   const Y = y => h - pad.b - (y - y0) / (y1 - y0) * (h - pad.t - pad.b);
 
-  // shaded ranges (e.g. throttled periods)
-  ctx.fillStyle = "rgba(220, 38, 38, 0.13)";
-  for (const [a, b] of opt.shade || []) {
+  // shaded ranges (e.g. throttled periods): [x0, x1] or [x0, x1, color]
+  ctx.globalAlpha = 0.14;
+  for (const [a, b, color] of opt.shade || []) {
+    ctx.fillStyle = color || "#dc2626";
     const xa = Math.max(X(a), pad.l), xb = Math.min(X(b), w - pad.r);
     if (xb > xa) ctx.fillRect(xa, pad.t, Math.max(2, xb - xa), h - pad.t - pad.b);
   }
+  ctx.globalAlpha = 1;
   // grid and y ticks
   ctx.strokeStyle = "#e5e7eb"; ctx.fillStyle = "#6b7280"; ctx.lineWidth = 1;
   const ys_ = niceStep(y1 - y0, 4);

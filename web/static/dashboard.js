@@ -60,11 +60,16 @@
     }
     n += drawChart($("chart-temp"), {xTime: true, floating: true, empty: "no thermal zones", series: [...zones].map(z => (
       {name: z.replace(/-thermal$/, ""), points: state.thermal.map(s => [s.t, s.zones[z] ?? null])}))});
-    const shade = [];
-    for (const p of policies) shade.push(...throttledRanges(p));
+    // each policy's throttled periods shaded in its own line colour; the legend says which
+    const shade = [], last = state.thermal[state.thermal.length - 1];
+    [...policies].forEach((p, i) => {
+      for (const [a, b] of throttledRanges(p)) shade.push([a, b, PALETTE[i % PALETTE.length]]);
+    });
     n += drawChart($("chart-freq"), {xTime: true, yMin: 0, shade, empty: "no cpufreq policies",
-      series: [...policies].map(p => ({name: p, points: state.thermal.map(s => {
-        const v = s.policies[p]; return [s.t, v && v.cur_hz ? v.cur_hz / 1e9 : null]; })}))});
+      series: [...policies].map(p => ({
+        name: p + (last && last.policies[p] && last.policies[p].throttled ? " (throttled)" : ""),
+        points: state.thermal.map(s => {
+          const v = s.policies[p]; return [s.t, v && v.cur_hz ? v.cur_hz / 1e9 : null]; })}))});
     state.drawn += 1;
     document.body.dataset.drawn = String(state.drawn);
     document.body.dataset.points = String(n);
