@@ -114,7 +114,11 @@ static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
 #undef TILE
 }
 
-/* As x86/avx2.c: static chunks of NR-row groups, results independent of the thread count. */
+/* As x86/avx2.c: static chunks of weight panels that stay in L2 (the A76 has 512 KB per
+ * core) while every activation tile meets all their groups; results are independent of the
+ * thread count. */
+#define GEMM_PANEL_BYTES (128 * 1024)
+
 static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                       const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
 {
@@ -122,23 +126,32 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     const int64_t row_bytes = is_q4 ? K / 2 : K;
     const int64_t ngroups = (N + NR - 1) / NR;
     const int nt = kernels_threads(nthreads);
+    int64_t panel = GEMM_PANEL_BYTES / (NR * row_bytes);
+    if (panel > (ngroups + nt - 1) / nt)
+        panel = (ngroups + nt - 1) / nt;
+    if (panel < 1)
+        panel = 1;
+    const int64_t npanels = (ngroups + panel - 1) / panel;
     #pragma omp parallel for schedule(static) num_threads(nt) \
         if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
-    for (int64_t g = 0; g < ngroups; g++) {
-        const int64_t n0 = g * NR;
-        const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
-        const uint8_t *wrow[NR];
-        const uint16_t *wdrow[NR];
-        for (int r = 0; r < NR; r++) {
-            const int64_t n = r < ncols ? n0 + r : N - 1;   /* past the end: repeat, discard */
-            wrow[r] = wq + n * row_bytes;
-            wdrow[r] = wd + n * nb;
-        }
+    for (int64_t p = 0; p < npanels; p++) {
+        const int64_t g_end = (p + 1) * panel < ngroups ? (p + 1) * panel : ngroups;
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
-            gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
-                               y + m0 * N + n0, N, ncols, ahead);
+            for (int64_t g = p * panel; g < g_end; g++) {
+                const int64_t n0 = g * NR;
+                const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
+                const uint8_t *wrow[NR];
+                const uint16_t *wdrow[NR];
+                for (int r = 0; r < NR; r++) {
+                    const int64_t n = r < ncols ? n0 + r : N - 1;   /* past the end: repeat, discard */
+                    wrow[r] = wq + n * row_bytes;
+                    wdrow[r] = wd + n * nb;
+                }
+                const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
+                gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
+                                   y + m0 * N + n0, N, ncols, ahead);
+            }
         }
     }
 }
