@@ -9,6 +9,7 @@ Prints a table, and whether the CPU throttled while it ran (from /metrics).
 
     python bench/concurrency_bench.py                         # Qwen3-0.6B-shaped random checkpoint
     python bench/concurrency_bench.py --model DIR --tokens 64 --streams 1 2 4 8
+    python bench/concurrency_bench.py --engine-only      # the engine's decode step alone, no HTTP
 
 Not a test: it takes minutes and its numbers depend on the machine.
 """
@@ -116,17 +117,53 @@ def run_level(base: str, model: str, n: int, prompt_len: int, max_tokens: int, v
             "ttft_s": sum(ts[0] for ts in results) / n - t0}
 
 
+def engine_only(model_dir: Path, streams: list[int], prompt_len: int, steps: int, threads, weights) -> int:
+    """Decode steps of the engine alone, in process: what batching buys before any HTTP."""
+    sys.path.insert(0, str(REPO))
+    from appliance import Engine
+    from appliance.sampling import SamplingParams
+
+    engine = Engine.load(model_dir, weights=weights, threads=threads, max_context=prompt_len + steps + 64,
+                         kv_cache_tokens=max(streams) * (prompt_len + steps + 64), progress=False)
+    vocab = engine.info()["vocab"]
+    print(f"engine only: {engine.model_name}, kernels {engine.info()['kernel_path']}, threads {engine.threads}")
+    print(f"{'batch':>5} {'ms/step':>8} {'tok/s':>8} {'vs 1':>6} {'attn share':>10}")
+    base, stats = None, []
+    engine.add_stats_listener(lambda st: stats.append(st) if hasattr(st, "batch") else None)
+    for b in streams:
+        seqs = [engine.start([(17 + 31 * i + 7 * j) % vocab for j in range(prompt_len)],
+                             SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True))
+                for i in range(b)]
+        for s in seqs:
+            engine.prefill(s)
+        engine.decode(seqs)                      # warm
+        stats.clear()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.decode(seqs)
+        dt = (time.perf_counter() - t0) / steps
+        for s in seqs:
+            engine.release(s)
+        attn = sum(s.attn_s for s in stats) / max(1e-9, sum(s.total_s for s in stats))
+        base = base or b / dt
+        print(f"{b:>5} {1e3 * dt:>8.1f} {b / dt:>8.2f} {b / dt / base:>5.2f}x {attn:>10.2f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model directory (default: the Qwen3-0.6B-shaped random checkpoint)")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per stream")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens generated per stream")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per stream")
     ap.add_argument("--threads", type=int, help="engine threads (default: the engine's choice)")
     ap.add_argument("--weights", default="q8")
+    ap.add_argument("--engine-only", action="store_true", help="time the engine's decode steps alone")
     args = ap.parse_args(argv)
 
     model_dir = Path(args.model) if args.model else bench_checkpoint()
+    if args.engine_only:
+        return engine_only(model_dir, args.streams, args.prompt, min(args.tokens, 16), args.threads, args.weights)
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="apl-bench-"))
     cmd = [sys.executable, "-m", "appliance.serve", "--model", str(model_dir), "--port", str(port),
