@@ -24,6 +24,8 @@
 
 enum { ATTN_KV_Q8, ATTN_KV_Q4, ATTN_KV_F32 };
 
+#define ATTN_PARALLEL_MIN_ROWS 2048
+
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
 static inline void prefetch_rows(int kind, const void *kv, const float *scales, int64_t row0,
@@ -56,6 +58,9 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     int nt = kernels_threads(nthreads);
     if (nt > npairs)
         nt = (int)npairs;
+    /* Short scans (a few thousand rows in all) finish before a sleeping team wakes up. */
+    if (npairs * nsel * bs < ATTN_PARALLEL_MIN_ROWS)
+        nt = 1;
 
     /* Row geometry of one (block, kv head) slab of the cache: bs rows. */
     const int64_t row_elems = hd;                               /* elements per K/V row */
