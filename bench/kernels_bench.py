@@ -3,13 +3,16 @@
     .venv/bin/python bench/kernels_bench.py [--threads 2] [--repeats 7] [--quick] [--no-portable]
 
 GEMV rows report weight bandwidth (GB/s of weights + scales read), GEMM rows GOPS
-(2 * M * N * K / s), attention rows KV bandwidth (GB/s of K, V and their scales read).
+(2 * M * N * K / s), attention rows KV bandwidth (GB/s of K, V and their scales read),
+all computed from the median; the best repeat is printed too, and the load average:
+on a shared machine a parallel region waits for a busy core, and the median shows it.
 Shapes are Qwen3-0.6B's (hidden 1024, intermediate 3072, vocab 151936, 8 kv heads,
 head_dim 128). Portable is skipped where it would take long (prefill GEMMs of big M).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -19,7 +22,8 @@ from appliance import _kernels as K
 from appliance import quant
 
 
-def median_time(fn, repeats: int, min_time: float = 0.05) -> float:
+def median_time(fn, repeats: int, min_time: float = 0.05) -> tuple[float, float]:
+    """(median, best) seconds per call over `repeats` timed batches."""
     fn()                                            # warm caches, OpenMP team, page faults
     inner = 1
     t0 = time.perf_counter()
@@ -33,7 +37,7 @@ def median_time(fn, repeats: int, min_time: float = 0.05) -> float:
         for _ in range(inner):
             fn()
         times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def weights(rng, n, k, fmt):
@@ -66,13 +70,13 @@ def bench_gemm(rows, rng, threads, repeats, do_portable):
             for path in ("simd", "portable"):
                 if path == "portable" and (not do_portable or m * n * k > 2e8):
                     continue
-                t = median_time(lambda: fn(wq, wd, xq, xd, out=out, path=path, threads=threads),
+                t, best = median_time(lambda: fn(wq, wd, xq, xd, out=out, path=path, threads=threads),
                                 repeats if m * n * k < 1e9 else max(3, repeats // 2))
                 if m == 1:
                     rate = f"{wbytes / t / 1e9:7.1f} GB/s"
                 else:
                     rate = f"{2 * m * n * k / t / 1e9:7.1f} GOPS"
-                rows.append((f"{fmt} {label}", f"M={m} N={n} K={k}", path, t, rate))
+                rows.append((f"{fmt} {label}", f"M={m} N={n} K={k}", path, t, best, rate))
 
 
 def bench_attention(rows, rng, threads, repeats, do_portable):
@@ -99,7 +103,7 @@ def bench_attention(rows, rng, threads, repeats, do_portable):
             for path in ("simd", "portable"):
                 if path == "portable" and (not do_portable or T > 1):
                     continue
-                t = median_time(lambda: fn(q, k, ks, v, vs, table, blockpos, count, qpos,
+                t, best = median_time(lambda: fn(q, k, ks, v, vs, table, blockpos, count, qpos,
                                            1 / np.sqrt(hd), out=out, path=path, threads=threads),
                                 repeats if T == 1 else 3)
                 if T == 1:
@@ -107,7 +111,7 @@ def bench_attention(rows, rng, threads, repeats, do_portable):
                 else:   # causal prefill: T*(T+1)/2 rows per (query head), 2 dots of hd each
                     ops = 2 * 2 * hd * n_kv * group * T * (T + 1) / 2
                     rate = f"{ops / t / 1e9:7.1f} GOPS"
-                rows.append((f"attn {kind} x1 layer", f"T={T} ctx={ctx} kv=8x128 g=2", path, t, rate))
+                rows.append((f"attn {kind} x1 layer", f"T={T} ctx={ctx} kv=8x128 g=2", path, t, best, rate))
 
 
 def bench_elementwise(rows, rng, repeats):
@@ -115,24 +119,24 @@ def bench_elementwise(rows, rng, repeats):
     u = rng.standard_normal((512, 3072)).astype(np.float32)
     out = np.empty_like(x)
     for path in ("simd", "portable"):
-        t = median_time(lambda: K.silu_mul(x, u, out=out, path=path), repeats)
-        rows.append(("silu_mul", "512x3072", path, t, f"{x.size / t / 1e9:7.2f} Gelem/s"))
+        t, best = median_time(lambda: K.silu_mul(x, u, out=out, path=path), repeats)
+        rows.append(("silu_mul", "512x3072", path, t, best, f"{x.size / t / 1e9:7.2f} Gelem/s"))
     h = rng.standard_normal((512, 1024)).astype(np.float32)
     w = rng.standard_normal(1024).astype(np.float32)
     ho = np.empty_like(h)
     for path in ("simd", "portable"):
-        t = median_time(lambda: K.rmsnorm(h, w, 1e-6, out=ho, path=path), repeats)
-        rows.append(("rmsnorm", "512x1024", path, t, f"{h.size / t / 1e9:7.2f} Gelem/s"))
+        t, best = median_time(lambda: K.rmsnorm(h, w, 1e-6, out=ho, path=path), repeats)
+        rows.append(("rmsnorm", "512x1024", path, t, best, f"{h.size / t / 1e9:7.2f} Gelem/s"))
     qr = rng.standard_normal((512, 16, 128)).astype(np.float32)
     pos = np.arange(512, dtype=np.int32)
     inv = (1.0 / (1e6 ** (np.arange(0, 128, 2, dtype=np.float32) / 128))).astype(np.float32)
     for path in ("simd", "portable"):
-        t = median_time(lambda: K.rope(qr, pos, inv, path=path), repeats)
-        rows.append(("rope", "512x16x128", path, t, f"{qr.size / t / 1e9:7.2f} Gelem/s"))
+        t, best = median_time(lambda: K.rope(qr, pos, inv, path=path), repeats)
+        rows.append(("rope", "512x16x128", path, t, best, f"{qr.size / t / 1e9:7.2f} Gelem/s"))
     xa = rng.standard_normal((1, 1024)).astype(np.float32)
     for path in ("simd", "portable"):
-        t = median_time(lambda: K.quantize_rows_q8(xa, path=path), repeats)
-        rows.append(("quantize_rows_q8", "1x1024 (call cost)", path, t, ""))
+        t, best = median_time(lambda: K.quantize_rows_q8(xa, path=path), repeats)
+        rows.append(("quantize_rows_q8", "1x1024 (call cost)", path, t, best, ""))
 
 
 def main(argv=None):
@@ -144,17 +148,20 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows: list[tuple] = []
-    print(f"kernel_path={K.kernel_path()} cpu_features='{K.cpu_features()}' threads={args.threads}")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"kernel_path={K.kernel_path()} cpu_features='{K.cpu_features()}' threads={args.threads} "
+          f"cpus={os.cpu_count()} loadavg={load}")
     if args.only in (None, "gemm"):
         bench_gemm(rows, rng, args.threads, args.repeats, not args.no_portable)
     if args.only in (None, "attn"):
         bench_attention(rows, rng, args.threads, args.repeats, not args.no_portable)
     if args.only in (None, "elem"):
         bench_elementwise(rows, rng, args.repeats)
-    print(f"| {'kernel':24s} | {'shape':28s} | {'path':8s} | {'median ms':>10s} | {'rate':>16s} |")
-    print(f"|{'-' * 26}|{'-' * 30}|{'-' * 10}|{'-' * 12}|{'-' * 18}|")
-    for name, shape, path, t, rate in rows:
-        print(f"| {name:24s} | {shape:28s} | {path:8s} | {t * 1e3:10.3f} | {rate:>16s} |")
+    print(f"| {'kernel':24s} | {'shape':28s} | {'path':8s} | {'median ms':>10s} | {'best ms':>10s} "
+          f"| {'rate (median)':>16s} |")
+    print(f"|{'-' * 26}|{'-' * 30}|{'-' * 10}|{'-' * 12}|{'-' * 12}|{'-' * 18}|")
+    for name, shape, path, t, best, rate in rows:
+        print(f"| {name:24s} | {shape:28s} | {path:8s} | {t * 1e3:10.3f} | {best * 1e3:10.3f} | {rate:>16s} |")
 
 
 if __name__ == "__main__":
