@@ -95,11 +95,13 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
         float *sum = (float *)p;               p += (sz_ml + a64) & ~a64;
         int8_t *work = (int8_t *)p;
 
-        /* Latest queries see the most rows: hand them out first so dynamic scheduling balances. */
+        /* Kv head major: consecutive pairs (on every thread) scan the same head's rows, which
+         * stay in L2 between queries. Within a head the latest queries, which see the most
+         * rows, go first, so the dynamic schedule ends on short pairs. */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t pair = 0; pair < npairs; pair++) {
-            const int64_t t = T - 1 - pair / n_kv;
-            const int64_t h = pair % n_kv;
+            const int64_t h = pair / T;
+            const int64_t t = T - 1 - pair % T;
             const float *qt = q + (t * Hq + h * group) * hd;   /* float[group, hd] */
             float *ot = out + (t * Hq + h * group) * hd;       /* float[group, hd] */
             if (base == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
