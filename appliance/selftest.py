@@ -29,6 +29,28 @@ def _checks(k, rng):
     q_port, d_port = k.quantize_rows_q8(x, path="portable")
     yield "quantize_rows_q8", np.array_equal(q_simd, q_port) and np.array_equal(d_simd, d_port), "bit-exact"
 
+    # Integer parts bit for bit: with unit scales every output is a sum of int32 block dots, exact
+    # in float32 whatever the summation order, so SIMD and portable must agree to the bit. The
+    # extreme rows (+-127 everywhere) catch overflows of narrow accumulators.
+    for name, gemm in (("gemm_q8", k.gemm_q8), ("gemm_q4", k.gemm_q4)):
+        for extreme in (False, True):
+            n, kk, m = 67, 1024, 5
+            if extreme:
+                xq = rng.choice(np.array([-127, 127], np.int8), size=(m, kk))
+                wq = (rng.choice(np.array([-127, 127], np.int8), size=(n, kk)) if name == "gemm_q8"
+                      else rng.choice(np.array([0x00, 0xff, 0x0f, 0xf0], np.uint8), size=(n, kk // 2)))
+            else:
+                xq = rng.integers(-127, 128, size=(m, kk), dtype=np.int8)
+                wq = (rng.integers(-127, 128, size=(n, kk), dtype=np.int8) if name == "gemm_q8"
+                      else rng.integers(0, 256, size=(n, kk // 2), dtype=np.uint8))
+            wd = np.ones((n, kk // 32), np.float16)
+            xd = np.ones((m, kk // 32), np.float32)
+            a = gemm(wq, wd, xq, xd, path="simd")
+            b = gemm(wq, wd, xq, xd, path="portable")
+            same = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+            yield (f"{name} int32{' max' if extreme else ''}", same,
+                   "bit-exact" if same else f"{int((a != b).sum())} of {a.size} sums differ")
+
     from .quant import quantize_q4_0, quantize_q8_0
     w = rand(67, 1024)
     for name, packer, gemm in (("gemm_q8", quantize_q8_0, k.gemm_q8), ("gemm_q4", quantize_q4_0, k.gemm_q4)):
