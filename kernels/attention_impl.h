@@ -6,18 +6,19 @@
  *
  *   attn_quantize_q(q float[rows, hd], rows, hd, qq int8[2, rows, hd], qd float[rows, hd/QK])
  *       qq[0], qd exactly quantize_rows_q8; qq[1] is the path's to fill (e.g. |qq[0]|);
- *   attn_scores_{q8,q4,f32}(query, group, hd, k rows, k scales, n, scale, s float[group, ld], ld)
- *       s[g, j] = score of query head g against key row j (already times `scale`);
+ *   attn_scores_{q8,q4,f32}(query, rows, hd, k rows, k scales, n, scale, s float[rows, ld], ld)
+ *       s[r, j] = score of query row r against key row j (already times `scale`);
  *       q4 also gets work int8[bs, hd], scratch for unpacked rows;
- *   attn_accum_{q8,q4,f32}(v rows, v scales, n, group, hd, w float[group, ld], ld, acc float[group, hd])
- *       acc[g, :] += sum_j w[g, j] * dequant(v row j); w may be overwritten;
+ *   attn_accum_{q8,q4,f32}(v rows, v scales, n, rows, hd, w float[rows, ld], ld, acc float[rows, hd])
+ *       acc[r, :] += sum_j w[r, j] * dequant(v row j); w may be overwritten;
  *   attn_max(s, n) -> max_j s[j];   attn_exp_shift(s, n, m): s[j] = exp(s[j] - m), returns the sum;
  *   attn_scale(x, n, r): x *= r.
  *
  * Blocked online softmax: per listed KV block, the scores of its visible rows are computed
- * for all heads of the group, each head's running max is raised once for the block (one
- * rescale of acc and of the sum), then V rows are read once and accumulated for all heads.
- * Every K and V row is read exactly once per (query, kv head).
+ * for all query rows of the unit (up to ATTN_QTILE queries x the kv head's group), each
+ * row's running max is raised once for the block (one rescale of acc and of the sum), then
+ * V rows are read once and accumulated for all rows. Every K and V row is read exactly
+ * once per (tile of queries, kv head): once per query head group in decode.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 enum { ATTN_KV_Q8, ATTN_KV_Q4, ATTN_KV_F32 };
 
 #define ATTN_PARALLEL_MIN_ROWS 2048
+#define ATTN_QTILE 4   /* queries per work unit */
 
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
@@ -52,14 +54,22 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
 {
     const int64_t nb = hd / QK;
     const int64_t Hq = n_kv * group;
-    const int64_t npairs = T * n_kv;
-    if (npairs <= 0)
+    /* Work unit: a tile of up to ATTN_QTILE consecutive queries x one kv head. Its
+     * rows = qt * group query heads share every K and V row read: prefill reads the cache
+     * once per tile instead of once per query. A row's arithmetic does not depend on the
+     * tile (rows past a query's visible end get weight exactly 0), so results equal a
+     * query-by-query scan bit for bit. */
+    const int64_t qtile = T < ATTN_QTILE ? T : ATTN_QTILE;
+    const int64_t ntiles = (T + qtile - 1) / qtile;
+    const int64_t R = qtile * group;           /* query rows per unit, at most */
+    const int64_t nunits = ntiles * n_kv;
+    if (nunits <= 0)
         return;
     int nt = kernels_threads(nthreads);
-    if (nt > npairs)
-        nt = (int)npairs;
+    if (nt > nunits)
+        nt = (int)nunits;
     /* Short scans (a few thousand rows in all) finish before a sleeping team wakes up. */
-    if (npairs * nsel * bs < ATTN_PARALLEL_MIN_ROWS)
+    if (T * n_kv * nsel * bs < ATTN_PARALLEL_MIN_ROWS)
         nt = 1;
 
     /* Row geometry of one (block, kv head) slab of the cache: bs rows. */
@@ -67,19 +77,19 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     const int64_t scales_per_row = kind == ATTN_KV_Q4 ? nb : 1; /* q8: per row, q4: per 32-block */
 
     /* Scratch, per thread, once per call (64-byte aligned slices):
-     *   qq int8[2, group, hd], qd float[group, nb], acc float[group, hd],
-     *   s float[group, ld] (scores, then softmax weights), m/l float[group] (running max, sum),
-     *   work int8[bs, hd]. */
+     *   qf float[R, hd] (the unit's query rows, gathered), qq int8[2, R, hd], qd float[R, nb],
+     *   acc float[R, hd], s float[R, ld] (scores, then softmax weights),
+     *   m/l float[R] (running max, sum), work int8[bs, hd]. */
     const int64_t ld = (bs + 15) & ~(int64_t)15;
-    const size_t sz_qq = (size_t)((2 * group * hd + 63) & ~(int64_t)63);
-    const size_t sz_work = (size_t)bs * hd;
-    const size_t sz_qd = (size_t)group * nb * sizeof(float);
-    const size_t sz_acc = (size_t)group * hd * sizeof(float);
-    const size_t sz_s = (size_t)group * ld * sizeof(float);
-    const size_t sz_ml = (size_t)group * sizeof(float);
     const size_t a64 = 63;
-    const size_t scratch = sz_qq + ((sz_qd + a64) & ~a64) + ((sz_acc + a64) & ~a64) +
-                           ((sz_s + a64) & ~a64) + 2 * ((sz_ml + a64) & ~a64) + sz_work;
+    const size_t sz_qf = ((size_t)R * hd * sizeof(float) + a64) & ~a64;
+    const size_t sz_qq = ((size_t)2 * R * hd + a64) & ~a64;
+    const size_t sz_qd = ((size_t)R * nb * sizeof(float) + a64) & ~a64;
+    const size_t sz_acc = ((size_t)R * hd * sizeof(float) + a64) & ~a64;
+    const size_t sz_s = ((size_t)R * ld * sizeof(float) + a64) & ~a64;
+    const size_t sz_ml = ((size_t)R * sizeof(float) + a64) & ~a64;
+    const size_t sz_work = (size_t)bs * hd;
+    const size_t scratch = sz_qf + sz_qq + sz_qd + sz_acc + sz_s + 2 * sz_ml + sz_work;
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -87,43 +97,55 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
         if (posix_memalign((void **)&base, 64, scratch) != 0)
             base = NULL;
         unsigned char *p = base;
+        float *qf = (float *)p;                p += sz_qf;
         int8_t *qq = (int8_t *)p;              p += sz_qq;
-        float *qd = (float *)p;                p += (sz_qd + a64) & ~a64;
-        float *acc = (float *)p;               p += (sz_acc + a64) & ~a64;
-        float *s = (float *)p;                 p += (sz_s + a64) & ~a64;
-        float *mx = (float *)p;                p += (sz_ml + a64) & ~a64;
-        float *sum = (float *)p;               p += (sz_ml + a64) & ~a64;
+        float *qd = (float *)p;                p += sz_qd;
+        float *acc = (float *)p;               p += sz_acc;
+        float *s = (float *)p;                 p += sz_s;
+        float *mx = (float *)p;                p += sz_ml;
+        float *sum = (float *)p;               p += sz_ml;
         int8_t *work = (int8_t *)p;
 
-        /* Kv head major: consecutive pairs (on every thread) scan the same head's rows, which
-         * stay in L2 between queries. Within a head the latest queries, which see the most
-         * rows, go first, so the dynamic schedule ends on short pairs. */
+        /* Kv head major: consecutive units (on every thread) scan the same head's rows. Within
+         * a head the latest queries, which see the most rows, go first, so the dynamic
+         * schedule ends on short units. */
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t pair = 0; pair < npairs; pair++) {
-            const int64_t h = pair / T;
-            const int64_t t = T - 1 - pair % T;
-            const float *qt = q + (t * Hq + h * group) * hd;   /* float[group, hd] */
-            float *ot = out + (t * Hq + h * group) * hd;       /* float[group, hd] */
+        for (int64_t unit = 0; unit < nunits; unit++) {
+            const int64_t h = unit / ntiles;
+            const int64_t t1 = T - (unit % ntiles) * qtile;          /* queries [t0, t1) */
+            const int64_t t0 = t1 - qtile > 0 ? t1 - qtile : 0;
+            const int64_t qt = t1 - t0;
+            const int64_t rows = qt * group;   /* row r: query t0 + r / group, head h*group + r % group */
             if (base == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
-                for (int64_t i = 0; i < group * hd; i++)
-                    ot[i] = NAN;
+                for (int64_t tt = 0; tt < qt; tt++)
+                    for (int64_t i = 0; i < group * hd; i++)
+                        out[((t0 + tt) * Hq + h * group) * hd + i] = NAN;
                 continue;
             }
+            for (int64_t tt = 0; tt < qt; tt++)
+                memcpy(qf + tt * group * hd, q + ((t0 + tt) * Hq + h * group) * hd,
+                       (size_t)(group * hd) * sizeof(float));
             if (kind != ATTN_KV_F32)
-                attn_quantize_q(qt, group, hd, qq, qd);
-            for (int64_t g = 0; g < group; g++) {
-                mx[g] = -INFINITY;
-                sum[g] = 0.0f;
+                attn_quantize_q(qf, rows, hd, qq, qd);
+            for (int64_t r = 0; r < rows; r++) {
+                mx[r] = -INFINITY;
+                sum[r] = 0.0f;
             }
-            memset(acc, 0, sz_acc);
+            memset(acc, 0, (size_t)(rows * hd) * sizeof(float));
 
             for (int64_t i = 0; i < nsel; i++) {
                 const int64_t idx = h * table_stride + i;
                 const int64_t p0 = (int64_t)blockpos[idx] * bs;
-                int64_t n = count[idx];
-                const int64_t visible = (int64_t)qpos[t] - p0 + 1;
-                if (visible < n)
-                    n = visible;
+                int64_t vis[ATTN_QTILE];   /* rows of this block visible to each query */
+                int64_t n = 0;             /* ... to any of them */
+                for (int64_t tt = 0; tt < qt; tt++) {
+                    int64_t c = count[idx];
+                    const int64_t upto = (int64_t)qpos[t0 + tt] - p0 + 1;
+                    if (upto < c)
+                        c = upto;
+                    vis[tt] = c > 0 ? c : 0;
+                    n = vis[tt] > n ? vis[tt] : n;
+                }
                 if (n <= 0)
                     continue;
                 const int64_t row0 = ((int64_t)table[idx] * n_kv + h) * bs;  /* first row of the slab */
@@ -133,44 +155,50 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                     prefetch_rows(kind, k, ks, next0, bs, hd);
 
                 if (kind == ATTN_KV_Q8)
-                    attn_scores_q8(qq, qd, group, hd, (const int8_t *)k + row0 * row_elems,
+                    attn_scores_q8(qq, qd, rows, hd, (const int8_t *)k + row0 * row_elems,
                                    ks + row0, n, scale, s, ld);
                 else if (kind == ATTN_KV_Q4)
-                    attn_scores_q4(qq, qd, group, hd, (const uint8_t *)k + row0 * row_elems / 2,
+                    attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)k + row0 * row_elems / 2,
                                    ks + row0 * scales_per_row, n, scale, s, ld, work);
                 else
-                    attn_scores_f32(qt, group, hd, (const float *)k + row0 * row_elems, n, scale, s, ld);
+                    attn_scores_f32(qf, rows, hd, (const float *)k + row0 * row_elems, n, scale, s, ld);
 
-                for (int64_t g = 0; g < group; g++) {
-                    float *sg = s + g * ld;
-                    const float bmax = attn_max(sg, n);
-                    if (bmax > mx[g]) {
-                        if (mx[g] > -INFINITY) {   /* nothing accumulated yet otherwise */
-                            const float r = expf(mx[g] - bmax);
-                            sum[g] *= r;
-                            attn_scale(acc + g * hd, hd, r);
+                for (int64_t r = 0; r < rows; r++) {
+                    float *sr = s + r * ld;
+                    const int64_t nr = vis[r / group];
+                    if (nr > 0) {
+                        const float bmax = attn_max(sr, nr);
+                        if (bmax > mx[r]) {
+                            if (mx[r] > -INFINITY) {   /* nothing accumulated yet otherwise */
+                                const float f = expf(mx[r] - bmax);
+                                sum[r] *= f;
+                                attn_scale(acc + r * hd, hd, f);
+                            }
+                            mx[r] = bmax;
                         }
-                        mx[g] = bmax;
+                        sum[r] += attn_exp_shift(sr, nr, mx[r]);
                     }
-                    sum[g] += attn_exp_shift(sg, n, mx[g]);
+                    for (int64_t j = nr; j < n; j++)   /* causally hidden from this query */
+                        sr[j] = 0.0f;
                 }
 
                 if (next0 >= 0)
                     prefetch_rows(kind, v, vs, next0, bs, hd);
                 if (kind == ATTN_KV_Q8)
-                    attn_accum_q8((const int8_t *)v + row0 * row_elems, vs + row0, n, group, hd, s, ld, acc);
+                    attn_accum_q8((const int8_t *)v + row0 * row_elems, vs + row0, n, rows, hd, s, ld, acc);
                 else if (kind == ATTN_KV_Q4)
                     attn_accum_q4((const uint8_t *)v + row0 * row_elems / 2, vs + row0 * scales_per_row,
-                                  n, group, hd, s, ld, acc);
+                                  n, rows, hd, s, ld, acc);
                 else
-                    attn_accum_f32((const float *)v + row0 * row_elems, n, group, hd, s, ld, acc);
+                    attn_accum_f32((const float *)v + row0 * row_elems, n, rows, hd, s, ld, acc);
             }
 
             /* A query that sees no row gets zeros, not 0/0. */
-            for (int64_t g = 0; g < group; g++) {
-                const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f;
+            for (int64_t r = 0; r < rows; r++) {
+                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+                float *o = out + ((t0 + r / group) * Hq + h * group + r % group) * hd;
                 for (int64_t d = 0; d < hd; d++)
-                    ot[g * hd + d] = acc[g * hd + d] * inv;
+                    o[d] = acc[r * hd + d] * inv;
             }
         }
         free(base);

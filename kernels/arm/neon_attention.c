@@ -185,10 +185,57 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
     }
 }
 
+/* Row j, columns d0..d0+15 (d0 a multiple of 16) as four float vectors. */
+ALWAYS_INLINE void load_row16(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
+                              float32x4_t f[4])
+{
+    if (kind == V_Q8) {
+        widen_s8x16(vld1q_s8((const int8_t *)v + j * hd + d0), f);
+    } else if (kind == V_Q4) {
+        /* columns 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high ones */
+        const uint8x16_t raw = vld1q_u8((const uint8_t *)v + j * (hd / 2) + (d0 / QK) * (QK / 2));
+        const uint8x16_t nib = d0 % QK ? vshrq_n_u8(raw, 4) : vandq_u8(raw, vdupq_n_u8(0x0f));
+        widen_s8x16(vsubq_s8(vreinterpretq_s8_u8(nib), vdupq_n_s8(8)), f);
+    } else {
+        const float *r = (const float *)v + j * hd + d0;
+        for (int i = 0; i < 4; i++)
+            f[i] = vld1q_f32(r + 4 * i);
+    }
+}
+
+/* Four rows at once, 16 columns at a time (16 accumulators): every V row is converted to
+ * float once for four query rows (a GQA group of 4, or a prefill tile). */
+ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, int64_t n, int64_t hd,
+                               const float *w, int64_t ld, float *acc)
+{
+    const int64_t nb = hd / QK;
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        float32x4_t a[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 4; i++)
+                a[r][i] = vld1q_f32(acc + r * hd + d0 + 4 * i);
+        for (int64_t j = 0; j < n; j++) {
+            float32x4_t f[4];
+            load_row16(kind, v, j, hd, d0, f);
+            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            for (int r = 0; r < 4; r++) {
+                const float pr = kind == V_Q4 ? w[r * ld + j] * bs : w[r * ld + j];
+                for (int i = 0; i < 4; i++)
+                    a[r][i] = vfmaq_n_f32(a[r][i], f[i], pr);
+            }
+        }
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 4; i++)
+                vst1q_f32(acc + r * hd + d0 + 4 * i, a[r][i]);
+    }
+}
+
 ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
                              int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
 {
     int64_t g = 0;
+    for (; g + 4 <= group; g += 4)
+        accum_rows4(kind, v, vs, n, hd, w + g * ld, ld, acc + g * hd);
     for (; g + 2 <= group; g += 2)
         accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
     if (g < group)

@@ -213,10 +213,64 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
     }
 }
 
+/* Row j, columns d0..d0+15 (d0 a multiple of 16) as two float vectors. */
+ALWAYS_INLINE void load_row16(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
+                              __m256 f[2])
+{
+    if (kind == V_Q8) {
+        const int8_t *r = (const int8_t *)v + j * hd + d0;
+        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)r)));
+        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8))));
+    } else if (kind == V_Q4) {
+        /* columns 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high ones */
+        __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + (d0 / QK) * (QK / 2)));
+        if (d0 % QK)
+            raw = _mm_srli_epi16(raw, 4);
+        const __m128i x = _mm_sub_epi8(_mm_and_si128(raw, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
+    } else {
+        const float *r = (const float *)v + j * hd + d0;
+        f[0] = _mm256_loadu_ps(r);
+        f[1] = _mm256_loadu_ps(r + 8);
+    }
+}
+
+/* Four rows at once, 16 columns at a time (8 accumulators): every V row is converted to
+ * float once for four query rows (a GQA group of 4, or a prefill tile). */
+ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, int64_t n, int64_t hd,
+                               const float *w, int64_t ld, float *acc)
+{
+    const int64_t nb = hd / QK;
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        __m256 a[4][2];
+        for (int r = 0; r < 4; r++) {
+            a[r][0] = _mm256_loadu_ps(acc + r * hd + d0);
+            a[r][1] = _mm256_loadu_ps(acc + r * hd + d0 + 8);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            __m256 f[2];
+            load_row16(kind, v, j, hd, d0, f);
+            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            for (int r = 0; r < 4; r++) {
+                const __m256 pr = _mm256_set1_ps(kind == V_Q4 ? w[r * ld + j] * bs : w[r * ld + j]);
+                a[r][0] = _mm256_fmadd_ps(pr, f[0], a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(pr, f[1], a[r][1]);
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            _mm256_storeu_ps(acc + r * hd + d0, a[r][0]);
+            _mm256_storeu_ps(acc + r * hd + d0 + 8, a[r][1]);
+        }
+    }
+}
+
 ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
                              int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
 {
     int64_t g = 0;
+    for (; g + 4 <= group; g += 4)
+        accum_rows4(kind, v, vs, n, hd, w + g * ld, ld, acc + g * hd);
     for (; g + 2 <= group; g += 2)
         accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
     if (g < group)

@@ -4,7 +4,7 @@ import pytest
 
 from appliance import _kernels as K
 
-from kernels_reference import PATHS, attention_reference, make_case, nmse, quantize_q_rows
+from kernels_reference import PATHS, PagedCase, attention_reference, make_case, nmse, quantize_q_rows
 
 # Same definition (q quantized as the kernel does, dequantized cache), float64 reference:
 # max error relative to max|V|. Float32 scores/exp/accumulation only.
@@ -133,3 +133,17 @@ def test_attention_out_argument():
     res = K.attention_q8(case.q, kq, ks, vq, vs, case.table, case.blockpos, case.count, case.qpos,
                          case.scale, out=out)
     assert res is out and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", ("q8", "q4", "f32"))
+def test_attention_batch_equals_one_query_at_a_time(kind):
+    """Queries are computed in tiles; a query's result must not depend on its tile mates."""
+    rng = np.random.default_rng(8)
+    case = make_case(rng, 7, 2, 2, 64, 16, 60, qpos=[3, 20, 21, 40, 41, 58, 59])
+    for path in PATHS:
+        batch, _, _ = _run(kind, case, path)
+        for t in range(7):
+            one = PagedCase(case.q[t:t + 1].copy(), case.k_f32, case.v_f32, case.table,
+                            case.blockpos, case.count, case.qpos[t:t + 1].copy(), case.scale)
+            single, _, _ = _run(kind, one, path)
+            assert np.array_equal(single[0], batch[t])
