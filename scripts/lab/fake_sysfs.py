@@ -52,7 +52,7 @@ def create(root: str, governor: str) -> None:
                             ("scaling_cur_freq", max_khz), ("scaling_max_freq", max_khz),
                             ("scaling_min_freq", 408000), ("scaling_governor", governor),
                             ("scaling_available_governors", CPU_GOVERNORS),
-                            ("scaling_driver", "cpufreq-dt")]:
+                            ("scaling_driver", "cpufreq-dt"), ("scaling_setspeed", "<unsupported>")]:
             write(os.path.join(p, name), value)
         for n in cpus:
             d = os.path.join(cpu, f"cpu{n}")

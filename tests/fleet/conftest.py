@@ -1,0 +1,41 @@
+"""Fleet tests: static checks of ansible/, monitoring/, Vagrantfile (fast, unmarked) and
+the network-namespace lab (marked fleet + slow).
+
+Tools come from scripts/ci/install_fleet_deps.sh. Where one is missing the test is
+skipped, unless FLEET_REQUIRE_TOOLS=1 (scripts/ci/test_fleet.sh sets it): then it fails.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = REPO / "ansible"
+MONITORING = REPO / "monitoring"
+VENV_BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """Path of a tool (the venv's bin first); skip, or fail under FLEET_REQUIRE_TOOLS=1."""
+    path = shutil.which(name, path=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin")
+    if path is None:
+        message = f"{name} not installed (scripts/ci/install_fleet_deps.sh)"
+        if os.environ.get("FLEET_REQUIRE_TOOLS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def run(argv, cwd=None, timeout=600, env=None, check=True) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {}))
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, argv))} exited {proc.returncode}\n"
+                    f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    return proc
