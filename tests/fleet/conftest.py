@@ -6,6 +6,7 @@ skipped, unless FLEET_REQUIRE_TOOLS=1 (scripts/ci/test_fleet.sh sets it): then i
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
 MONITORING = REPO / "monitoring"
 VENV_BIN = Path(sys.executable).parent
+DASHBOARD = MONITORING / "grafana" / "dashboards" / "fleet.json"
 
 
 def tool(name: str) -> str:
@@ -39,3 +41,17 @@ def run(argv, cwd=None, timeout=600, env=None, check=True) -> subprocess.Complet
         pytest.fail(f"{' '.join(map(str, argv))} exited {proc.returncode}\n"
                     f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
     return proc
+
+
+def dashboard_queries(annotations: bool = True) -> list[tuple[str, str]]:
+    """(panel title, expr) of every panel target (and of the alert annotation)."""
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    out = [(p["title"], t["expr"]) for p in board["panels"] for t in p.get("targets", [])]
+    if annotations:
+        out += [("annotation " + a["name"], a["expr"]) for a in board["annotations"]["list"] if a.get("expr")]
+    return out
+
+
+def concrete(expr: str) -> str:
+    """A dashboard expression with Grafana's variables filled in, as Grafana would send it."""
+    return expr.replace("$__rate_interval", "1m").replace("$board", ".+")

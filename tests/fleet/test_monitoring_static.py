@@ -9,27 +9,13 @@ import sys
 import pytest
 import yaml
 
-from conftest import MONITORING, REPO, run, tool
+from conftest import DASHBOARD, MONITORING, REPO, concrete, dashboard_queries, run, tool
 
 PROM = MONITORING / "prometheus"
-DASHBOARD = MONITORING / "grafana" / "dashboards" / "fleet.json"
 RULE_FILES = sorted((PROM / "rules").glob("*.yml"))
 TEST_FILES = sorted((PROM / "tests").glob("*.yml"))
 # Series the contract promises but the server does not export yet (see docs/fleet.md).
 PENDING_SERIES = {"appliance_selftest_ok"}
-
-
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, expr) of every panel target and the annotation."""
-    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    out = [(p["title"], t["expr"]) for p in board["panels"] for t in p.get("targets", [])]
-    out += [("annotation " + a["name"], a["expr"]) for a in board["annotations"]["list"] if a.get("expr")]
-    return out
-
-
-def concrete(expr: str) -> str:
-    """A dashboard expression with Grafana's variables filled in, as Grafana would send it."""
-    return expr.replace("$__rate_interval", "1m").replace("$board", ".+")
 
 
 def test_promtool_checks_the_example_config_and_its_rules():
