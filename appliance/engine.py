@@ -205,6 +205,17 @@ class Engine:
         """Compute the prompt in chunks and sample the first token."""
         t0 = time.perf_counter()
         timer = profiler.StepTimer()
+        logits = self._prefill_chunks(seq, timer)
+        total = time.perf_counter() - t0
+        seq.prefilled = True
+        self._emit(profiler.PrefillStats(n_tokens=len(seq.prompt_ids), n_context=seq.n_context, total_s=total,
+                                         gemm_s=timer.gemm_s, attn_s=timer.attn_s))
+        event = self._accept(seq, logits[0], total)
+        event.prefill_s = total
+        return event
+
+    def _prefill_chunks(self, seq: Sequence, timer) -> np.ndarray:
+        """The prompt through the model in chunks; the last row's logits."""
         ids = seq.prompt_ids
         if self.sparse is not None:
             seq.blocks.importance = np.zeros((self.config.num_hidden_layers, len(ids)), np.float32)
@@ -212,13 +223,7 @@ class Engine:
             chunk = ids[start:start + self.prefill_chunk]
             last = start + len(chunk) >= len(ids)
             logits = self._forward([_Work(seq, chunk, start)], timer, rows="last" if last else "none")
-        total = time.perf_counter() - t0
-        seq.prefilled = True
-        self._emit(profiler.PrefillStats(n_tokens=len(ids), n_context=seq.n_context, total_s=total,
-                                         gemm_s=timer.gemm_s, attn_s=timer.attn_s))
-        event = self._accept(seq, logits[0], total)
-        event.prefill_s = total
-        return event
+        return logits
 
     def decode(self, seqs: list[Sequence]) -> list[TokenEvent]:
         """One token for each running sequence, in one batched forward pass."""
@@ -295,6 +300,31 @@ class Engine:
         finally:
             self.release(seq)
         return np.concatenate(rows, axis=0)
+
+    def score(self, token_ids, prefix_len: int) -> list[float]:
+        """Log-probabilities of token_ids[prefix_len:], each given every token before it.
+
+        The prefix is prefilled, then each later token is fed by a decode step (teacher
+        forcing): with block-sparse attention this scores text the way generation sees it,
+        where one pass over the whole sequence (logits) would use the prefill path.
+        """
+        ids = [int(t) for t in token_ids]
+        if not 0 < prefix_len < len(ids):
+            raise ValueError(f"prefix_len must be in 1..{len(ids) - 1}, got {prefix_len}")
+        if len(ids) > self.max_context:
+            raise ContextLengthError(len(ids), self.max_context)
+        seq = self.start(ids[:prefix_len], SamplingParams(max_tokens=1))
+        timer = profiler.StepTimer()
+        out = []
+        try:
+            logits = self._prefill_chunks(seq, timer)
+            for pos in range(prefix_len, len(ids)):
+                out.append(float(log_softmax(logits[0])[ids[pos]]))
+                if pos + 1 < len(ids):
+                    logits = self._forward([_Work(seq, [ids[pos]], pos)], timer, rows="last")
+        finally:
+            self.release(seq)
+        return out
 
     # ---- internals -----------------------------------------------------------
     def _forward(self, work: list[_Work], timer, rows: str) -> np.ndarray:
