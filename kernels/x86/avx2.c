@@ -6,6 +6,7 @@
 
 #if defined(KERNELS_AVX2)
 #include <math.h>
+#include <stdlib.h>
 #include "avx2_common.h"
 
 /* ---- activations ------------------------------------------------------- */
@@ -48,10 +49,13 @@ void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, floa
 #define NR 4
 #define MR 4
 
+/* Q4: the nibbles go into maddubs as they are (unsigned 0..15, no sign trick) and the
+ * offset comes back as an exact integer: sum (q - 8) x = sum q x - 8 sum x, with
+ * xsum8[m, b] = 8 * sum of the activation block, computed once per call. */
 ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const wrow[NR],
                              const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
-                             int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
-                             int64_t prefetch_ahead)
+                             int64_t K, const float *xd, const int32_t *xsum8, float *y,
+                             int64_t ldy, int ncols, int64_t prefetch_ahead)
 {
     __m128 acc[MR];   /* acc[m] = y[m, n0..n0+3] */
     for (int m = 0; m < mr; m++)
@@ -66,7 +70,7 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
                 _mm_prefetch((const char *)(wrow[r] + prefetch_ahead + b * (is_q4 ? QK / 2 : QK)), _MM_HINT_T0);
         }
         for (int r = 0; r < NR; r++) {
-            w[r] = is_q4 ? unpack_q4_32(wrow[r] + b * (QK / 2))
+            w[r] = is_q4 ? nibbles_q4_32(wrow[r] + b * (QK / 2))
                          : _mm256_loadu_si256((const __m256i *)(wrow[r] + b * QK));
         }
         __m128i h = _mm_cvtsi32_si128(wdrow[0][b]);
@@ -76,12 +80,19 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
         const __m128 wscale = _mm_cvtph_ps(h);               /* wd[n0..n0+3, b] */
 
         for (int m = 0; m < mr; m++) {
-            /* The activation carries the sign: |x| and four weight blocks take few registers,
-             * so the accumulators are not spilled. */
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + m * K + b * QK));
-            const __m256i ax = _mm256_sign_epi8(xv, xv);
-            const __m128i dots = reduce4_block_i32(dot_i8_abs(ax, xv, w[0]), dot_i8_abs(ax, xv, w[1]),
-                                                   dot_i8_abs(ax, xv, w[2]), dot_i8_abs(ax, xv, w[3]));
+            __m128i dots;
+            if (is_q4) {
+                dots = _mm_sub_epi32(reduce4_block_i32(dot_u8_i8(w[0], xv), dot_u8_i8(w[1], xv),
+                                                       dot_u8_i8(w[2], xv), dot_u8_i8(w[3], xv)),
+                                     _mm_set1_epi32(xsum8[m * nb + b]));
+            } else {
+                /* The activation carries the sign: |x| and four weight blocks take few
+                 * registers, so the accumulators are not spilled. */
+                const __m256i ax = _mm256_sign_epi8(xv, xv);
+                dots = reduce4_block_i32(dot_i8_abs(ax, xv, w[0]), dot_i8_abs(ax, xv, w[1]),
+                                         dot_i8_abs(ax, xv, w[2]), dot_i8_abs(ax, xv, w[3]));
+            }
             const __m128 s = _mm_mul_ps(wscale, _mm_broadcast_ss(xd + m * nb + b));
             acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(dots), s, acc[m]);
         }
@@ -103,10 +114,10 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
 /* Constant (is_q4, mr) per call so each tile is specialised and fully unrolled. */
 static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
                                const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
-                               int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
-                               int64_t prefetch_ahead)
+                               int64_t K, const float *xd, const int32_t *xsum8, float *y,
+                               int64_t ldy, int ncols, int64_t prefetch_ahead)
 {
-#define TILE(Q4, R) gemm_tile(Q4, R, wrow, wdrow, nb, x, K, xd, y, ldy, ncols, prefetch_ahead)
+#define TILE(Q4, R) gemm_tile(Q4, R, wrow, wdrow, nb, x, K, xd, xsum8, y, ldy, ncols, prefetch_ahead)
     if (is_q4) {
         switch (mr) {
         case 4: TILE(1, 4); break;
@@ -147,6 +158,21 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     if (panel < 1)
         panel = 1;
     const int64_t npanels = (ngroups + panel - 1) / panel;
+    int32_t *xsum8 = NULL;   /* int32[M, nb], Q4 only */
+    if (is_q4) {
+        xsum8 = malloc((size_t)(M * nb) * sizeof(int32_t));
+        if (xsum8 == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
+            for (int64_t i = 0; i < M * N; i++)
+                y[i] = NAN;
+            return;
+        }
+        for (int64_t i = 0; i < M * nb; i++) {
+            int32_t sum = 0;
+            for (int j = 0; j < QK; j++)
+                sum += xq[i * QK + j];
+            xsum8[i] = 8 * sum;
+        }
+    }
     #pragma omp parallel for schedule(static) num_threads(nt) \
         if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
     for (int64_t p = 0; p < npanels; p++) {
@@ -167,10 +193,11 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
                 /* Only the first pass over a group streams its rows from memory. */
                 const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
                 gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
-                                   y + m0 * N + n0, N, ncols, ahead);
+                                   is_q4 ? xsum8 + m0 * nb : NULL, y + m0 * N + n0, N, ncols, ahead);
             }
         }
     }
+    free(xsum8);
 }
 
 void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,

@@ -38,6 +38,18 @@ ALWAYS_INLINE __m256i dot_i8_abs(__m256i abs_s, __m256i s, __m256i x)
 #endif
 }
 
+/* Unsigned x signed bytes (no saturation: |u| <= 15 here) -> int32[8] partial sums. */
+ALWAYS_INLINE __m256i dot_u8_i8(__m256i u, __m256i s)
+{
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
 /* Four int32[8] partial-dot vectors -> int32[4] {sum a, sum b, sum c, sum d}: the exact block
  * dots, so one float conversion and one FMA then serve four of them. */
 ALWAYS_INLINE __m128i reduce4_block_i32(__m256i a, __m256i b, __m256i c, __m256i d)
@@ -60,6 +72,13 @@ ALWAYS_INLINE __m256 hsum8_ps(const __m256 v[8])
     const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
     const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* 16 bytes of Q4_0 nibbles -> 32 uint8 in [0, 15], element order (low nibbles first). */
+ALWAYS_INLINE __m256i nibbles_q4_32(const uint8_t *p)
+{
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
 }
 
 /* 16 bytes of Q4_0 nibbles -> 32 int8 in [-8, 7], element order (low nibbles first). */
