@@ -43,3 +43,5 @@ bench: build
 
 clean:
 	rm -rf build appliance/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
+
+include mk/arm.mk

@@ -3,25 +3,45 @@
 Flags follow the *target* platform (sysconfig.get_platform() honours
 _PYTHON_HOST_PLATFORM, so cross builds for aarch64 work):
   x86_64  : -mavx2 -mfma -mf16c            (APPLIANCE_MARCH overrides, e.g. -march=native)
-  aarch64 : -march=armv8.2-a+dotprod+fp16  (APPLIANCE_MARCH=-mcpu=native on a board)
+  aarch64 : -march=armv8.2-a+dotprod+fp16  (APPLIANCE_MARCH=-mcpu=native on a board; a native
+            build on a CPU without dotprod falls back to -march=armv8-a, the plain NEON path)
   other   : portable C only
 APPLIANCE_PORTABLE=1 builds without any SIMD path.
 NUMPY_INCLUDE / CYTHON_INCLUDE_PATH point at the target's headers in cross builds.
 """
 import os
+import platform
 import sysconfig
 
 from setuptools import Extension, setup
 from Cython.Build import cythonize
 
+
+def native_aarch64_has_dotprod() -> bool:
+    """On an aarch64 build host that is also the target: does this CPU have the dot product?"""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("Features") and " asimddp" in line for line in f)
+    except OSError:
+        return True
+
+
 target = sysconfig.get_platform()
-march = os.environ.get("APPLIANCE_MARCH")
+march = os.environ.get("APPLIANCE_MARCH", "").split()
+native = platform.machine() in ("aarch64", "arm64") and target.endswith(("aarch64", "arm64"))
 if os.environ.get("APPLIANCE_PORTABLE") == "1":
     arch_flags = []
-elif target.endswith("aarch64") or target.endswith("arm64"):
-    arch_flags = [march or "-march=armv8.2-a+dotprod+fp16"]
-elif target.endswith("x86_64") or target.endswith("amd64"):
-    arch_flags = (march.split() if march else ["-mavx2", "-mfma", "-mf16c"])
+elif target.endswith(("aarch64", "arm64")):
+    # A native build on a CPU without dotprod gets the plain NEON path instead of a build
+    # its own CPU would refuse; cross builds target the boards (A76/A55: dotprod).
+    if march:
+        arch_flags = march
+    elif native and not native_aarch64_has_dotprod():
+        arch_flags = ["-march=armv8-a"]
+    else:
+        arch_flags = ["-march=armv8.2-a+dotprod+fp16"]
+elif target.endswith(("x86_64", "amd64")):
+    arch_flags = march or ["-mavx2", "-mfma", "-mf16c"]
 else:
     arch_flags = []
 
