@@ -128,24 +128,21 @@ class ExpertUse:
 
 
 class Expert:
-    """One expert's SwiGLU; its input rows come quantized (shared by all experts of the layer)."""
+    """One expert's SwiGLU; its input rows come quantized once for all experts of the layer."""
 
-    __slots__ = ("gate_up", "down", "intermediate")
+    __slots__ = ("gate_up", "down", "intermediate", "gemm")
 
     def __init__(self, kind: str, t: dict, name: str):
         self.gate_up = Linear.from_tensors(kind, t, f"{name}.gate_up")
         self.down = Linear.from_tensors(kind, t, f"{name}.down")
         self.intermediate = self.gate_up.n_out // 2
+        self.gemm = {"q8": kernels.gemm_q8, "q4": kernels.gemm_q4}.get(kind)
 
-    def __call__(self, x: tuple, rows: np.ndarray) -> np.ndarray:
-        """x: (xq int8[M, hidden], xd float32[M, hidden/32]) or (x float32[M, hidden],); rows intp[n].
+    def __call__(self, x: tuple) -> np.ndarray:
+        """x: (xq int8[n, hidden], xd float32[n, hidden/32]), or (float32[n, hidden],) for f32 weights.
         Returns float32[n, hidden]."""
         gu = self.gate_up
-        if gu.kind == "f32":
-            y = gu(x[0][rows])
-        else:
-            gemm = kernels.gemm_q8 if gu.kind == "q8" else kernels.gemm_q4
-            y = gemm(gu.qs, gu.d, x[0][rows], x[1][rows])            # [n, 2*intermediate]
+        y = gu(x[0]) if self.gemm is None else self.gemm(gu.qs, gu.d, x[0], x[1])   # [n, 2*intermediate]
         f = self.intermediate
         act = kernels.silu_mul(np.ascontiguousarray(y[:, :f]), np.ascontiguousarray(y[:, f:]))
         return self.down(act)
@@ -153,6 +150,12 @@ class Expert:
 
 class SparseMoE:
     """The MoE MLP sublayer: h += sum over each row's top-k experts of weight * expert(rmsnorm(h))."""
+
+    # Router products of more rows than this run as one BLAS call; fewer run one row at a
+    # time: OpenBLAS threads a product of several rows (and a matrix-vector product), and
+    # its threads then spin beside the kernels' OpenMP threads on the same cores, while a
+    # [1, hidden] x [hidden, experts] product stays on the calling thread.
+    ROUTER_ROWS_PER_CALL = 16
 
     def __init__(self, cfg: Qwen3MoeConfig, i: int, kind: str, t: dict, use: ExpertUse):
         self.index, self.eps, self.use = i, cfg.rms_norm_eps, use
@@ -165,7 +168,10 @@ class SparseMoE:
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k experts intp[M, k] of each row and their weights float32[M, k] (softmax, then
         renormalized over the k when the config says so), as transformers' Qwen3MoeTopKRouter."""
-        logits = x @ self.router.T                                       # [M, E]
+        if len(x) > self.ROUTER_ROWS_PER_CALL:
+            logits = x @ self.router.T                                   # [M, E]
+        else:
+            logits = np.concatenate([x[i:i + 1] @ self.router.T for i in range(len(x))])
         n_experts, k = logits.shape[1], self.top_k
         top = np.argpartition(logits, n_experts - k, axis=1)[:, n_experts - k:]
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -178,6 +184,7 @@ class SparseMoE:
     def __call__(self, h: np.ndarray, timer) -> None:
         """Update the residual stream h float32[M, hidden] in place."""
         x = kernels.rmsnorm(h, self.norm, self.eps)
+        m = len(x)
         with timer.gemm():
             top, weights = self.route(x)
             # Group the (row, expert) pairs by expert: one GEMM per expert over its rows.
@@ -190,10 +197,16 @@ class SparseMoE:
             xin = kernels.quantize_rows_q8(x) if self.quantized else (x,)
             out = np.zeros_like(h)
             for s, e in zip(starts.tolist(), ends.tolist()):
-                r = rows[s:e]                                            # distinct rows of this expert
-                y = self.experts[ids[s]](xin, r)
-                y *= w[s:e, None]
-                out[r] += y
+                expert = self.experts[ids[s]]
+                if e - s == m:                                           # every row (always in decode of one)
+                    y = expert(xin)
+                    y *= w[s:e, None]
+                    out += y
+                else:
+                    r = rows[s:e]                                        # distinct rows of this expert
+                    y = expert(tuple(a[r] for a in xin))
+                    y *= w[s:e, None]
+                    out[r] += y
             h += out
         self.use.record(self.index, ids[starts])
 
