@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cpu, profiler
+from . import images as image_io
 from .errors import ContextLengthError, KVCacheFullError, ModelLoadError
 from .kv_cache import KV_KINDS, PagedKVCache, SequenceBlocks
 from .models import family_for
@@ -66,6 +67,7 @@ class Sequence:
         self.text = TextStream(tokenizer, tuple(params.stop))
         self.finish_reason: str | None = None
         self.prefilled = False
+        self.vision = None        # a multimodal family's image state (None: text only)
 
     @property
     def n_context(self) -> int:
@@ -140,6 +142,8 @@ class Engine:
         threads = _setup_threads(threads)
         tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress)
         model = family.Model(cfg, weights, tensors)
+        if hasattr(model, "prepare_vision"):
+            model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
         cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kind=kv,
                              block_size=sparse.block if sparse else 32,
@@ -188,8 +192,31 @@ class Engine:
         for fn in self._listeners:
             fn(stats)
 
+    # ---- images ----------------------------------------------------------------
+    @property
+    def supports_images(self) -> bool:
+        return hasattr(self.model, "prepare_vision")
+
+    def prepare_image(self, image) -> image_io.ImageInput:
+        """Encoded bytes, a file path, a PIL image or an ImageInput -> an ImageInput for this model."""
+        if not self.supports_images:
+            raise image_io.ImageError(f"model {self.model_name} does not take images")
+        if isinstance(image, image_io.ImageInput):
+            return image
+        if isinstance(image, (str, Path)):
+            image = Path(image).read_bytes()
+        if isinstance(image, (bytes, bytearray)):
+            return image_io.prepare_image(bytes(image), self.model.image_config)
+        return image_io.preprocess(image, self.model.image_config)
+
     # ---- the step API --------------------------------------------------------
-    def start(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def start(self, prompt_ids: list[int], params: SamplingParams, images: list | None = None) -> Sequence:
+        """A new sequence. images: for a multimodal model, one per image placeholder of the prompt
+        (anything prepare_image takes); their tokens are expanded here and encoded at prefill."""
+        vision = None
+        if images:
+            prompt_ids, vision = self.model.prepare_vision(list(prompt_ids),
+                                                           [self.prepare_image(i) for i in images])
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) + 1 > self.max_context:
@@ -198,12 +225,14 @@ class Engine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
         seq = Sequence(prompt_ids, params, self.tokenizer)
+        seq.vision = vision
         self.cache.reserve(seq.blocks, len(prompt_ids))   # all or nothing: fail before any work
         return seq
 
     def prefill(self, seq: Sequence) -> TokenEvent:
         """Compute the prompt in chunks and sample the first token."""
         t0 = time.perf_counter()
+        self._encode_images(seq)
         timer = profiler.StepTimer()
         logits = self._prefill_chunks(seq, timer)
         total = time.perf_counter() - t0
@@ -213,6 +242,19 @@ class Engine:
         event = self._accept(seq, logits[0], total)
         event.prefill_s = total
         return event
+
+    def _encode_images(self, seq: Sequence) -> None:
+        """The vision tower over the sequence's images, once, before its prompt is computed."""
+        if seq.vision is None or seq.vision.embeds is not None:
+            return
+        t0 = time.perf_counter()
+        timer = profiler.StepTimer()
+        self.model.encode_images(seq.vision, timer)
+        self._emit(profiler.VisionStats(n_images=len(seq.vision.images),
+                                        n_patches=sum(len(i.pixel_values) for i in seq.vision.images),
+                                        n_tokens=seq.vision.n_image_tokens,
+                                        total_s=time.perf_counter() - t0, gemm_s=timer.gemm_s,
+                                        attn_s=timer.attn_s))
 
     def _prefill_chunks(self, seq: Sequence, timer) -> np.ndarray:
         """The prompt through the model in chunks; the last row's logits."""
@@ -246,13 +288,16 @@ class Engine:
             seq.finish_reason = "abort"
 
     # ---- whole generations -------------------------------------------------
-    def generate(self, prompt, stream: bool = True, **sampling):
+    def generate(self, prompt, stream: bool = True, images: list | None = None, **sampling):
         """Generate from a prompt string, token ids, or chat messages ([{"role", "content"}]).
+
+        images: for a multimodal model, one per image placeholder of the prompt, in order
+        (chat content parts {"type": "image"} render as placeholders).
 
         stream=True: an iterator of TokenEvent. stream=False: a dict with the text,
         token ids, finish reason and timings.
         """
-        events = self._generate(prompt, **sampling)
+        events = self._generate(prompt, images, **sampling)
         if stream:
             return events
         out = list(events)
@@ -263,10 +308,10 @@ class Engine:
                 "completion_tokens": out[-1].completion_tokens, "prefill_s": first.prefill_s,
                 "decode_ms_per_token": 1e3 * decode_s / max(1, len(out) - 1)}
 
-    def _generate(self, prompt, **sampling):
+    def _generate(self, prompt, images=None, **sampling):
         ids = self.encode_prompt(prompt)
         params = self.sampling_params(**sampling)
-        seq = self.start(ids, params)
+        seq = self.start(ids, params, images=images)
         try:
             event = self.prefill(seq)
             yield event
@@ -289,12 +334,14 @@ class Engine:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
 
-    def logits(self, token_ids) -> np.ndarray:
-        """float32[len(token_ids), vocab]: every position's logits, one pass from an empty cache."""
-        ids = [int(t) for t in token_ids]
-        seq = self.start(ids, SamplingParams(max_tokens=1))
+    def logits(self, token_ids, images: list | None = None) -> np.ndarray:
+        """float32[len(token_ids), vocab]: every position's logits, one pass from an empty cache
+        (with images: over the prompt with its image tokens expanded)."""
+        seq = self.start([int(t) for t in token_ids], SamplingParams(max_tokens=1), images=images)
+        ids = seq.prompt_ids
         timer = profiler.StepTimer()
         try:
+            self._encode_images(seq)
             rows = [self._forward([_Work(seq, ids[s:s + self.prefill_chunk], s)], timer, rows="all")
                     for s in range(0, len(ids), self.prefill_chunk)]
         finally:
@@ -336,7 +383,8 @@ class Engine:
             w.seq.blocks.length = w.pos_start + n
             table, blockpos, count = w.seq.blocks.views(self.cache.block_size)
             qpos = np.arange(w.pos_start, w.pos_start + n, dtype=np.int32)
-            segments.append(Segment(w.seq.blocks, row, row + n, w.pos_start, table, blockpos, count, qpos))
+            segments.append(Segment(w.seq.blocks, row, row + n, w.pos_start, table, blockpos, count, qpos,
+                                    vision=w.seq.vision))
             tokens += w.token_ids
             positions.append(qpos)
             row += n

@@ -54,6 +54,20 @@ class DecodeStats:
                 f"attn_ms={1e3 * self.attn_s:.2f} gemm_ms={1e3 * self.gemm_s:.2f}")
 
 
+@dataclass
+class VisionStats:
+    n_images: int            # images encoded for one sequence
+    n_patches: int           # vision-tower rows (patches) over all of them
+    n_tokens: int            # image tokens they became in the prompt
+    total_s: float = 0.0
+    gemm_s: float = 0.0
+    attn_s: float = 0.0
+
+    def log_line(self) -> str:
+        return (f"[vision] images={self.n_images} patches={self.n_patches} tokens={self.n_tokens} "
+                f"total_s={self.total_s:.3f} gemm_s={self.gemm_s:.3f} attn_s={self.attn_s:.3f}")
+
+
 class StepTimer:
     """Accumulates time spent in named sections ('gemm', 'attn') during one step."""
 
@@ -84,7 +98,7 @@ def profiling_enabled() -> bool:
     return os.environ.get("APPLIANCE_PROFILE", "") not in ("", "0", "false", "no")
 
 
-def emit(stats: PrefillStats | DecodeStats) -> None:
+def emit(stats: PrefillStats | DecodeStats | VisionStats) -> None:
     """Log one line per step when APPLIANCE_PROFILE is set."""
     if profiling_enabled():
         log.info(stats.log_line())

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from ..errors import ModelLoadError
-from . import qwen3, qwen3_moe
+from . import qwen3, qwen3_moe, qwen3_vl
 
 FAMILIES = {
     "qwen3": qwen3,
     "qwen3_moe": qwen3_moe,
+    "qwen3_vl": qwen3_vl,
 }
 
 

@@ -40,6 +40,7 @@ class Segment:
     count: np.ndarray = None       # int32[n_blocks] valid tokens per block
     qpos: np.ndarray = None        # int32[rows] position of each query row
     selection: object = None       # per-layer sparse block choice, set by sparse attention
+    vision: object = None          # the sequence's image inputs (a multimodal family's), or None
 
 
 @dataclass
@@ -51,6 +52,9 @@ class Batch:
     segments: list[Segment] = field(default_factory=list)
     inv_freq: np.ndarray = None
     record_importance: bool = False
+    # int32[3, M] (temporal, height, width) RoPE positions, set by an M-RoPE family for rows
+    # where they differ (image tokens); None: every row rotates by `positions`.
+    mrope_positions: np.ndarray = None
 
 
 def config_error(path, problem: str) -> ModelLoadError:

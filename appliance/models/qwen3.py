@@ -152,12 +152,16 @@ class Qwen3Attention:
         k = kernels.rmsnorm(np.ascontiguousarray(qkv[:, cfg.q_dim:cfg.q_dim + cfg.kv_dim]).reshape(-1, hd),
                             self.k_norm, cfg.rms_norm_eps).reshape(m, cfg.num_key_value_heads, hd)
         v = qkv[:, cfg.q_dim + cfg.kv_dim:].reshape(m, cfg.num_key_value_heads, hd)
-        kernels.rope(q, batch.positions, batch.inv_freq)
-        kernels.rope(k, batch.positions, batch.inv_freq)
+        self.rope(q, batch)
+        self.rope(k, batch)
         with timer.attn():
             a = attention(self.index, q, k, v, batch)             # [M, q_dim]
         with timer.gemm():
             h += self.o(a)
+
+    def rope(self, x: np.ndarray, batch: Batch) -> None:
+        """Rotate x float32[M, heads, hd] in place by the rows' positions (a family may override)."""
+        kernels.rope(x, batch.positions, batch.inv_freq)
 
 
 class SwiGLU:
