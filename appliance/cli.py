@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from .errors import ApplianceError
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="raw completion prompt")
     src.add_argument("--chat", help="a user message, rendered with the model's chat template")
     g.add_argument("--system", help="system message for --chat")
+    g.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image for --chat, placed before the text (repeatable; a vision model such as Qwen3-VL)")
     g.add_argument("--max-tokens", type=_positive_int, default=128)
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-p", type=float, default=None)
@@ -126,9 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_generate(args) -> int:
     engine = load_engine(args)
+    if args.image and args.chat is None:
+        raise ValueError("--image needs --chat (the question about the image)")
+    images = [Path(f).read_bytes() for f in args.image]
     if args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        prompt = messages + [{"role": "user", "content": args.chat}]
+        content = ([{"type": "image"} for _ in images] + [{"type": "text", "text": args.chat}]
+                   if images else args.chat)
+        prompt = messages + [{"role": "user", "content": content}]
     else:
         prompt = args.prompt
     sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -136,12 +144,12 @@ def cmd_generate(args) -> int:
                     seed=args.seed, stop=args.stop)
     prompt_ids = engine.encode_prompt(prompt)
     if args.json:
-        result = engine.generate(prompt_ids, stream=False, **sampling)
+        result = engine.generate(prompt_ids, stream=False, images=images, **sampling)
         result["prompt_token_ids"] = prompt_ids
-        result["prefill_tokens_per_s"] = len(prompt_ids) / result["prefill_s"] if result["prefill_s"] else None
+        result["prefill_tokens_per_s"] = result["prompt_tokens"] / result["prefill_s"] if result["prefill_s"] else None
         print(json.dumps(result))
         return 0
-    for event in engine.generate(prompt_ids, **sampling):
+    for event in engine.generate(prompt_ids, images=images, **sampling):
         sys.stdout.write(event.text)
         sys.stdout.flush()
     sys.stdout.write("\n")

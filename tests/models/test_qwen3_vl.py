@@ -147,3 +147,23 @@ class _NoTimer:
 
     def attn(self):
         return self._null()
+
+
+def test_cli_generate_with_image(tiny_vl_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    picture = tmp_path / "camera.jpg"
+    make_picture(100, 72).save(picture, quality=90)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "appliance", "generate", "--model", str(tiny_vl_dir),  # noqa: E731
+                                     *a], capture_output=True, text=True, timeout=300)
+    r = run("--image", str(picture), "--chat", "What is this?", "--max-tokens", "3", "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_tokens"] > len(out["prompt_token_ids"])      # the placeholder became 6 image tokens
+    assert len(out["token_ids"]) <= 3
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not an image")
+    r = run("--image", str(bad), "--chat", "What is this?", "--max-tokens", "3")
+    assert r.returncode == 1 and "could not be decoded" in r.stderr
