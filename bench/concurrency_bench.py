@@ -169,6 +169,8 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "appliance.serve", "--model", str(model_dir), "--port", str(port),
            "--max-batch", str(max(args.streams)), "--max-queue", str(max(args.streams)),
            "--max-context", str(max(512, args.prompt + args.tokens + 16)), "--weights", args.weights,
+           # a KV pool for every stream at once, so the pool never limits the batch
+           "--kv-cache-tokens", str(max(args.streams) * max(512, args.prompt + args.tokens + 16)),
            "--control-socket", str(work / "ctl"), "--log-level", "warning"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
