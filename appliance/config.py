@@ -48,6 +48,7 @@ class Settings:
     max_batch: int = 8                # sequences decoded together in one step
     request_timeout: float = 600.0    # seconds from arrival to the last token
     max_body_bytes: int = 1 << 20     # larger request bodies get 413
+    image_url_hosts: str | None = None  # comma-separated hosts ("camera.local,*.lan") an image_url may fetch from; None: inline data: URLs only
     sysfs_root: str = "/sys"          # tests point this at a fake tree
     thermal_interval: float = 1.0     # seconds between thermal samples
     grace_period: float = 30.0        # SIGTERM: seconds running requests get to finish

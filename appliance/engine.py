@@ -209,6 +209,11 @@ class Engine:
             return image_io.prepare_image(bytes(image), self.model.image_config)
         return image_io.preprocess(image, self.model.image_config)
 
+    def expand_image_tokens(self, prompt_ids: list[int], images: list) -> list[int]:
+        """The prompt as start() will run it: each image placeholder expanded to its image's tokens.
+        images: prepared (ImageInput), one per placeholder."""
+        return self.model.prepare_vision(list(prompt_ids), list(images))[0]
+
     # ---- the step API --------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams, images: list | None = None) -> Sequence:
         """A new sequence. images: for a multimodal model, one per image placeholder of the prompt

@@ -15,7 +15,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
                                disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from appliance.profiler import DecodeStats, PrefillStats
+from appliance.profiler import DecodeStats, PrefillStats, VisionStats
 from appliance.scheduler import OUTCOMES, RequestStats, StepTokens
 
 DECODE_TOKEN_BUCKETS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
@@ -146,6 +146,9 @@ class Metrics:
         self.prefill = Histogram(
             "appliance_prefill_seconds", "Prefill time (one prompt, or one chunk of it).",
             buckets=PREFILL_BUCKETS, registry=r)
+        self.vision_encode = Histogram(
+            "appliance_vision_encode_seconds", "Vision tower time for one request's images.",
+            buckets=PREFILL_BUCKETS, registry=r)
         self.prefill_attention = Histogram(
             "appliance_prefill_attention_ratio", "Share of a prefill spent in attention.",
             buckets=RATIO_BUCKETS, registry=r)
@@ -208,6 +211,8 @@ class Metrics:
             self.decode_batch.observe(stats.batch)
             for c in stats.contexts or [stats.n_context]:
                 self.decode_context.observe(c)
+        elif isinstance(stats, VisionStats):
+            self.vision_encode.observe(stats.total_s)
         elif isinstance(stats, PrefillStats):
             self.prefill.observe(stats.total_s)
             self.prefill_attention.observe(stats.attn_share)

@@ -96,10 +96,11 @@ _ids = itertools.count(1)
 
 
 class Request:
-    def __init__(self, prompt_ids: list[int], params: Any, timeout: float):
+    def __init__(self, prompt_ids: list[int], params: Any, timeout: float, images: list | None = None):
         self.id = next(_ids)
         self.prompt_ids = list(prompt_ids)
         self.params = params
+        self.images = images         # prepared images of a multimodal prompt (ids already expanded)
         self.arrival = time.monotonic()
         self.deadline = self.arrival + timeout
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -147,9 +148,10 @@ class Scheduler:
         self._thread.start()
         return self
 
-    def submit(self, prompt_ids: list[int], params: Any, timeout: float | None = None) -> Request:
+    def submit(self, prompt_ids: list[int], params: Any, timeout: float | None = None,
+               images: list | None = None) -> Request:
         """Admit a request into the queue, or raise QueueFullError / ShuttingDownError."""
-        req = Request(prompt_ids, params, timeout or self.request_timeout)
+        req = Request(prompt_ids, params, timeout or self.request_timeout, images)
         with self.cv:
             if not self.admitting or self._stop:
                 raise ShuttingDownError("the server is shutting down", retry_after=self._retry_after())
@@ -286,7 +288,7 @@ class Scheduler:
         if self.running and not self._kv_room_for(len(req.prompt_ids)):
             return False
         try:
-            req.seq = self.engine.start(req.prompt_ids, req.params)
+            req.seq = self.engine.start(req.prompt_ids, req.params, images=req.images)
         except KVCacheFullError:
             if not self.running:   # nothing will free blocks: this prompt can never fit
                 self._finish(req, Finished("error", None,

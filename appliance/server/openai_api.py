@@ -18,7 +18,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from appliance.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
-from appliance.server.validation import (GenerationRequest, check_model, get_bool, parse_chat,
+from appliance.server.validation import (GenerationRequest, check_model, get_bool, image_policy, parse_chat,
                                          parse_completion, parse_messages, read_json_body, render_chat)
 
 bp = Blueprint("openai", __name__)
@@ -110,7 +110,7 @@ def detokenize():
 @bp.post("/v1/chat/completions")
 def chat_completions():
     rt = runtime()
-    return _generate(parse_chat(read_json_body(), rt.engine))
+    return _generate(parse_chat(read_json_body(), rt.engine, image_policy(rt.settings)))
 
 
 @bp.post("/v1/completions")
@@ -146,7 +146,7 @@ class ClientWatch:
 def _submit(gen: GenerationRequest):
     rt = runtime()
     try:
-        return rt.scheduler.submit(gen.prompt_ids, gen.params)
+        return rt.scheduler.submit(gen.prompt_ids, gen.params, images=gen.images)
     except QueueFullError as e:
         rt.metrics.count("rejected")
         raise APIError(f"{e}; retry later", 503, code="queue_full",

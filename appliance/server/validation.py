@@ -19,6 +19,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
+MAX_IMAGES = 8                   # image parts per chat request
 _MISSING = object()
 
 
@@ -32,6 +33,7 @@ class GenerationRequest:
     include_usage: bool
     logprobs: bool               # return logprobs at all
     top_logprobs: int            # alternatives per token
+    images: list | None = None   # prepared images (appliance.images.ImageInput); prompt_ids already expanded
 
 
 def read_json_body() -> dict:
@@ -132,27 +134,39 @@ def check_model(body: dict, served: str) -> str:
     return v
 
 
-def message_text(content: Any, index: int) -> str:
-    """A message's content as text: a string, or an array of text parts."""
+def message_text(content: Any, index: int, images: list | None = None) -> str | list:
+    """A message's content as text: a string, or an array of text parts. With `images` (a list
+    collecting (param, url) of image_url parts), image parts are allowed: the content is then
+    the parts for the chat template, an image as {"type": "image"}."""
     param = f"messages[{index}].content"
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts, rendered = [], []
         for j, part in enumerate(content):
             if not isinstance(part, dict):
                 raise _bad(f"{param}[{j}]", f"expected an object, got {_kind(part)}", "invalid_type")
+            if part.get("type") == "image_url" and images is not None:
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str) or not url:
+                    raise _bad(f"{param}[{j}].image_url.url", f"expected a data: URL string, got {_kind(url)}",
+                               "invalid_type")
+                images.append((f"{param}[{j}].image_url", url))
+                rendered.append({"type": "image"})
+                continue
             if part.get("type") != "text":
                 raise _bad(f"{param}[{j}].type", f"only 'text' parts are supported, got {part.get('type')!r}")
             if not isinstance(part.get("text"), str):
                 raise _bad(f"{param}[{j}].text", f"expected a string, got {_kind(part.get('text'))}",
                            "invalid_type")
             parts.append(part["text"])
-        return "".join(parts)
+            rendered.append({"type": "text", "text": part["text"]})
+        return "".join(parts) if len(rendered) == len(parts) else rendered
     raise _bad(param, f"expected a string or an array of text parts, got {_kind(content)}", "invalid_type")
 
 
-def parse_messages(body: dict) -> list[dict]:
+def parse_messages(body: dict, images: list | None = None) -> list[dict]:
     messages = body.get("messages", _MISSING)
     if messages is _MISSING or messages is None:
         raise APIError("messages: a list of messages is required", param="messages", code="missing_required_parameter")
@@ -170,7 +184,35 @@ def parse_messages(body: dict) -> list[dict]:
         if "content" not in m or m["content"] is None:
             raise APIError(f"messages[{i}].content: required", param=f"messages[{i}].content",
                            code="missing_required_parameter")
-        out.append({"role": "system" if role == "developer" else role, "content": message_text(m["content"], i)})
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": message_text(m["content"], i, images)})
+    return out
+
+
+def image_policy(settings):
+    """Where image_url may point: data: URLs, plus http(s) hosts in settings.image_url_hosts."""
+    from appliance.images import ImageFetchPolicy
+
+    hosts = [h.strip() for h in (getattr(settings, "image_url_hosts", None) or "").split(",") if h.strip()]
+    return ImageFetchPolicy(allowed_hosts=hosts)
+
+
+def prepare_images(refs: list[tuple[str, str]], engine, policy) -> list:
+    """image_url parts -> prepared images; every problem is a 400 naming the part."""
+    from appliance.images import ImageError, image_bytes_from_url
+
+    if not refs:
+        return []
+    if not getattr(engine, "supports_images", False):
+        raise _bad(refs[0][0], f"the model {engine.model_name!r} does not take images", "unsupported_content")
+    if len(refs) > MAX_IMAGES:
+        raise _bad(refs[MAX_IMAGES][0], f"at most {MAX_IMAGES} images per request, got {len(refs)}")
+    out = []
+    for param, url in refs:
+        try:
+            out.append(engine.prepare_image(image_bytes_from_url(url, policy)))
+        except ImageError as e:
+            raise APIError(f"{param}: {e}", param=param, code="invalid_image") from None
     return out
 
 
@@ -241,9 +283,10 @@ def stream_options(body: dict, stream: bool) -> bool:
     return get_bool(opts, "include_usage", False)
 
 
-def parse_chat(body: dict, engine) -> GenerationRequest:
+def parse_chat(body: dict, engine, image_policy=None) -> GenerationRequest:
     model = check_model(body, engine.model_name)
-    messages = parse_messages(body)
+    image_refs: list[tuple[str, str]] = []
+    messages = parse_messages(body, image_refs)
     stream = get_bool(body, "stream", False)
     include_usage = stream_options(body, stream)
     want_logprobs = get_bool(body, "logprobs", False)
@@ -255,12 +298,18 @@ def parse_chat(body: dict, engine) -> GenerationRequest:
         raise _bad("response_format", "only {\"type\": \"text\"} is supported")
     if body.get("tools"):
         raise _bad("tools", "tool calling is not supported by this server")
+    images = prepare_images(image_refs, engine, image_policy)
     text = render_chat(engine, messages)
     prompt_ids = engine.tokenizer.encode(text)
+    if images:
+        try:
+            prompt_ids = engine.expand_image_tokens(prompt_ids, images)
+        except ValueError as e:          # the template dropped or repeated image placeholders
+            raise APIError(f"messages: {e}", param="messages", code="invalid_messages") from None
     check_fits(len(prompt_ids), engine.max_context, "messages")
     params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None)
     return GenerationRequest("chat", model, prompt_ids, params, stream, include_usage,
-                             want_logprobs, top or 0)
+                             want_logprobs, top or 0, images or None)
 
 
 def completion_prompt(body: dict, engine) -> list[int]:
