@@ -156,9 +156,19 @@
     state.busy = true;
     $("chat-send").disabled = true;
     document.body.dataset.chat = "streaming";
-    addMessage("user", text);
-    state.chat.push({role: "user", content: text});
+    // An attached image goes inline as a data: URL part before the text (vision models only).
+    const file = $("chat-image").files[0];
+    const image = file ? await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    }) : null;
+    addMessage("user", image ? `[image: ${file.name}] ${text}` : text);
+    state.chat.push({role: "user", content: image
+      ? [{type: "image_url", image_url: {url: image}}, {type: "text", text}] : text});
     $("chat-input").value = "";
+    $("chat-image").value = "";
     const out = addMessage("assistant", "");
     const headers = {"Content-Type": "application/json"};
     const key = $("chat-key").value;
