@@ -13,6 +13,17 @@ for s in "$LAB_DIR"/cp/*; do
   [ -S "$s" ] && ssh -O exit -o ControlPath="$s" lab-host >/dev/null 2>&1
 done
 namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P-"; }
+# CPU the lab used (services, ssh sessions and what they ran), before the processes go.
+if [ "${FLEET_LAB_CPU_REPORT:-1}" = 1 ]; then
+  ticks=0
+  for ns in $(namespaces); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+      ticks=$((ticks + ${t:-0}))
+    done
+  done
+  [ "$ticks" -gt 0 ] && echo "lab CPU inside the namespaces: $((ticks / $(getconf CLK_TCK))) s"
+fi
 for sig in TERM KILL; do
   for ns in $(namespaces); do
     pids=$(ip netns pids "$ns" 2>/dev/null)
@@ -27,9 +38,10 @@ for ns in $(namespaces); do
   for _ in 1 2 3 4 5; do ip netns del "$ns" 2>/dev/null && break; sleep 0.2; done
 done
 rm -f "$REPO/ansible/inventories/lab/hosts.yml"
-# overlays unmount with their mount namespace; if one lingers, leave the dir for inspection
-if [ "${FLEET_LAB_KEEP:-0}" != 1 ] && ! grep -q " $LAB_DIR/" /proc/*/mountinfo 2>/dev/null; then
-  rm -rf "$LAB_DIR"
+# The overlays went with the namespaces; the tmpfs holding everything goes now.
+if mountpoint -q "$LAB_DIR"; then
+  umount "$LAB_DIR" 2>/dev/null || umount -l "$LAB_DIR"
 fi
+[ -d "$LAB_DIR" ] && rm -rf "$LAB_DIR"
 if namespaces | grep -q .; then echo "lab_down: namespaces left: $(namespaces | xargs)" >&2; exit 1; fi
 echo "lab down"

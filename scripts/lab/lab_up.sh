@@ -7,8 +7,8 @@
 # The root namespace gets no addresses or routes; nothing here reaches the internet.
 #
 #   scripts/lab/lab_up.sh [N]          (default 3 boards)
-#   env: FLEET_LAB_DIR (default /tmp/fleet-lab), FLEET_WHEELHOUSE (wheelhouse directory,
-#        default /var/cache/appliance-fleet/wheelhouse, see build_wheelhouse.sh)
+#   env: FLEET_LAB_DIR (default /tmp/fleet-lab, becomes a tmpfs of FLEET_LAB_TMPFS_SIZE=6g),
+#        FLEET_WHEELHOUSE (default /var/cache/appliance-fleet/wheelhouse, see build_wheelhouse.sh)
 #
 # Writes ansible/inventories/lab/hosts.yml and $FLEET_LAB_DIR/lab.env; tear down
 # with scripts/lab/lab_down.sh (also safe after a partial start).
@@ -31,6 +31,11 @@ for tool in /usr/sbin/sshd ssh-keygen unshare; do
   command -v "$tool" >/dev/null || { echo "lab_up: missing $tool (scripts/ci/install_fleet_deps.sh)" >&2; exit 1; }
 done
 
+# The lab lives in RAM: fast builds on the boards' overlays, and lab_down.sh frees it at once.
+mkdir -p "$LAB_DIR"
+if ! mountpoint -q "$LAB_DIR"; then
+  mount -t tmpfs -o "size=${FLEET_LAB_TMPFS_SIZE:-6g},mode=755" fleet-lab "$LAB_DIR"
+fi
 mkdir -p "$LAB_DIR/ssh" "$LAB_DIR/hosts" "$LAB_DIR/cp"
 [ -f "$LAB_DIR/ssh/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C fleet-lab -f "$LAB_DIR/ssh/id_ed25519"
 cp "$LAB_DIR/ssh/id_ed25519.pub" "$LAB_DIR/ssh/authorized_keys"

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -81,13 +82,20 @@ class Lab:
         env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", ANSIBLE_FORCE_COLOR="0",
                    ANSIBLE_NOCOLOR="1")
         t0 = time.monotonic()
-        proc = subprocess.run(["ip", "netns", "exec", CTL, VENV_BIN / "ansible-playbook", "-i",
-                               "inventories/lab/hosts.yml", name, *extra],
-                              cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=timeout)
-        out = proc.stdout + proc.stderr
-        log.write_text(out)
-        print(f"{name} {' '.join(extra)}: rc={proc.returncode} in {time.monotonic() - t0:.0f} s (log {log})")
-        return proc.returncode, out
+        proc = subprocess.Popen(["ip", "netns", "exec", CTL, VENV_BIN / "ansible-playbook", "-i",
+                                 "inventories/lab/hosts.yml", name, *extra],
+                                cwd=ANSIBLE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        lines = []
+        with open(log, "w", encoding="utf-8") as f:
+            for line in proc.stdout:           # the log gets timestamps: where does the time go?
+                lines.append(line)
+                f.write(f"[{time.monotonic() - t0:6.1f}s] {line}")
+        rc = proc.wait()
+        timer.cancel()
+        print(f"{name} {' '.join(extra)}: rc={rc} in {time.monotonic() - t0:.0f} s (log {log})")
+        return rc, "".join(lines)
 
     def get(self, url: str, headers: dict | None = None) -> tuple[int, str]:
         argv = ["curl", "-s", "-m", "10", "-w", "\n%{http_code}"]
@@ -149,16 +157,15 @@ def lab():
         pytest.fail("a fleet lab is already up: scripts/lab/lab_down.sh first")
     wheelhouse = os.environ.get("FLEET_WHEELHOUSE", "/var/cache/appliance-fleet/wheelhouse")
     subprocess.run([REPO / "scripts/lab/build_wheelhouse.sh", wheelhouse], check=True, capture_output=True)
-    if LAB_DIR.exists():
+    if LAB_DIR.exists() and not os.path.ismount(LAB_DIR):
         shutil.rmtree(LAB_DIR)
-    LAB_DIR.mkdir(parents=True)
     env = dict(os.environ, FLEET_LAB_DIR=str(LAB_DIR), FLEET_WHEELHOUSE=wheelhouse)
     try:
-        snapshot_source(LAB_DIR / "src-v1")
-        snapshot_source(LAB_DIR / "src-v2", UPGRADE_SUFFIX)
         up = subprocess.run([REPO / "scripts/lab/lab_up.sh", str(len(BOARDS))], env=env, capture_output=True,
                             text=True, timeout=120)
         assert up.returncode == 0, up.stdout + up.stderr
+        snapshot_source(LAB_DIR / "src-v1")
+        snapshot_source(LAB_DIR / "src-v2", UPGRADE_SUFFIX)
         yield Lab(LAB_DIR)
     finally:
         keep = os.environ.get("FLEET_LAB_KEEP") == "1"
@@ -169,7 +176,11 @@ def lab():
             if (LAB_DIR / "logs").exists():
                 shutil.rmtree(logs, ignore_errors=True)
                 shutil.copytree(LAB_DIR / "logs", logs)
-            subprocess.run([REPO / "scripts/lab/lab_down.sh"], env=env, timeout=120)
+            down = subprocess.run([REPO / "scripts/lab/lab_down.sh"], env=env, timeout=300, capture_output=True,
+                                  text=True)
+            print(down.stdout + down.stderr)
+            if logs.exists():
+                (logs / "lab_down.txt").write_text(down.stdout + down.stderr)
 
 
 def board_file(board: str, path: str) -> Path:
