@@ -42,21 +42,12 @@ if str(REPO) not in sys.path:
 INSTALL_LLAMA = ('CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python '
                  '--no-binary llama-cpp-python   # about 10 minutes on 2 cores')
 
-# Targets from the performance issue (and what llama.cpp measured on this machine then).
-TARGETS = {
-    128: (1.00, "<= 1.00x llama.cpp (was 49 ms)"),
-    4096: (0.55, "<= 0.55x llama.cpp (was 147 ms)"),
-}
-PREFILL_TARGET = (1.00, ">= 1.00x llama.cpp (was 82 tok/s)")
-
 # llama.cpp configurations: name -> (KV type name, flash attention)
 LLAMA_CONFIGS = {
     "f16": ("f16", False),        # llama-cpp-python's defaults (flash attention off)
     "f16-fa": ("f16", True),
     "q8_0": ("q8_0", True),       # a quantized V cache needs flash attention
 }
-
-MB = 1 << 20
 
 
 def log(msg: str) -> None:
@@ -256,105 +247,6 @@ def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
     return res
 
 
-# ---- the report -------------------------------------------------------------------------------
-def _fmt(x, spec=".1f", none="-"):
-    return none if x is None or x != x else format(x, spec)
-
-
-def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta: dict) -> tuple[str, dict]:
-    ref_name = next(iter(llamas), None)   # the first --llama-configs entry
-    ref = llamas.get(ref_name) if ref_name else None
-    others = [k for k in llamas if k != ref_name and "error" not in llamas[k]]
-
-    def dec(res, n, key="ms_per_token"):
-        if not res or "error" in res:
-            return None
-        return next((d.get(key) for d in res["decode"] if d["context"] == n), None)
-
-    lines, rows = [], []
-    lines.append(f"Qwen3-0.6B-shaped random checkpoint, {meta['threads']} threads, "
-                 f"decode = median of {meta['gen']} steps, {meta['machine']}")
-    if ours and "error" not in ours:
-        lines.append(f"ours: weights {ours['weights']}, KV {ours['kv']}, kernels {ours['kernel_path']}")
-    if ref and "error" not in ref:
-        lines.append(f"llama.cpp {ref.get('llama_cpp_version')} (llama-cpp-python): GGUF Q8_0, "
-                     f"KV {ref['kv']}, flash attention {'on' if ref['flash_attn'] else 'off'}; {ref['amx']}")
-    for k in others:
-        lines.append(f"  extra column llama.cpp [{k}]: KV {llamas[k]['kv']}, "
-                     f"flash attention {'on' if llamas[k]['flash_attn'] else 'off'}")
-    head = (f"{'context':>8} | {'ours ms/tok':>11} | {'llama.cpp ms/tok':>16} | {'ratio':>6} | "
-            + "".join(f"{'llama ' + k:>13} | " for k in others)
-            + f"{'ours attn ms':>12} | target")
-    lines += ["", head, "-" * len(head)]
-    for n in contexts:
-        o, l, a = dec(ours, n), dec(ref, n), dec(ours, n, "attn_ms_per_token")
-        ratio = o / l if o and l else None
-        target = TARGETS.get(n)
-        verdict = ""
-        if target and ratio is not None:
-            verdict = " MET" if ratio <= target[0] else " MISSED"
-        extra = {k: dec(llamas[k], n) for k in others}
-        lines.append(f"{n:>8} | {_fmt(o):>11} | {_fmt(l):>16} | {_fmt(ratio, '.2f', none='-') + ('x' if ratio else ''):>6} | "
-                     + "".join(f"{_fmt(extra[k]):>13} | " for k in others)
-                     + f"{_fmt(a):>12} | {(target[1] if target else '-')}{verdict}")
-        rows.append({"context": n, "ours_ms_per_token": o, "llamacpp_ms_per_token": l, "ratio": ratio,
-                     "ours_attn_ms_per_token": a,
-                     **{f"llamacpp_{k}_ms_per_token": v for k, v in extra.items()},
-                     "target_ratio": target[0] if target else None,
-                     "target_met": (ratio <= target[0]) if target and ratio is not None else None})
-
-    po = ours["prefill"]["tokens_per_s"] if ours and "error" not in ours else None
-    pl = ref["prefill"]["tokens_per_s"] if ref and "error" not in ref else None
-    pr = po / pl if po and pl else None
-    verdict = "" if pr is None else (" MET" if pr >= PREFILL_TARGET[0] else " MISSED")
-    n_pref = meta["prefill"]
-    lines += ["", f"prefill {n_pref} tokens: ours {_fmt(po)} tok/s | llama.cpp {_fmt(pl)} tok/s | "
-                  f"ratio {_fmt(pr, '.2f') + ('x' if pr else '')} | target {PREFILL_TARGET[1]}{verdict}"]
-    for k in others:
-        lines.append(f"  llama.cpp [{k}] prefill {n_pref}: {_fmt(llamas[k]['prefill']['tokens_per_s'])} tok/s")
-    prefill = {"tokens": n_pref, "ours_tokens_per_s": po, "llamacpp_tokens_per_s": pl, "ratio": pr,
-               "target_ratio": PREFILL_TARGET[0], "target_met": None if pr is None else pr >= PREFILL_TARGET[0],
-               **{f"llamacpp_{k}_tokens_per_s": llamas[k]["prefill"]["tokens_per_s"] for k in others}}
-
-    memory = {}
-    if ours and "error" not in ours:
-        w, kvc = ours["weight_bytes"], ours["kv_capacity_bytes"]
-        kv_used = ours["kv_used_bytes_at_max_context"]
-        memory = {k: ours[k] for k in ("rss_before_load", "rss_after_load", "peak_rss_after_load",
-                                       "end_rss", "end_peak_rss", "weight_bytes", "kv_capacity_bytes",
-                                       "kv_bytes_per_token")}
-        memory["kv_used_bytes_at_max_context"] = kv_used
-        lines += ["", f"ours memory: RSS after load {ours['rss_after_load'] / MB:.0f} MiB (weights mapped, paged in on use) "
-                      f"(peak {ours['peak_rss_after_load'] / MB:.0f} MiB; before load "
-                      f"{ours['rss_before_load'] / MB:.0f} MiB) vs quantized weights {w / MB:.0f} MiB "
-                      f"+ KV {kvc / MB:.0f} MiB reserved for {ours['max_context']} tokens "
-                      f"(pages committed as written) = {(w + kvc) / MB:.0f} MiB",
-                  f"            after the run: RSS {ours['end_rss'] / MB:.0f} MiB, peak "
-                  f"{ours['end_peak_rss'] / MB:.0f} MiB (KV written at ctx {ours['kv_context']}: "
-                  f"{kv_used / MB:.0f} MiB, {ours['kv_bytes_per_token']} B/token)"]
-    if ref and "error" not in ref:
-        memory["llamacpp_rss_after_load"] = ref["rss_after_load"]
-        memory["llamacpp_end_peak_rss"] = ref["end_peak_rss"]
-        lines.append(f"llama.cpp memory: RSS after load {ref['rss_after_load'] / MB:.0f} MiB "
-                     f"(n_ctx {ref['n_ctx']}), peak at the end {ref['end_peak_rss'] / MB:.0f} MiB")
-    load_lines = []
-    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
-        if res and "loadavg_before" in res:
-            load_lines.append(f"{name}: {res['wall_s']:.0f} s, load average "
-                              f"{res['loadavg_before'][0]:.2f} before / {res['loadavg_after'][0]:.2f} after")
-    if load_lines:
-        busiest = max(max(r["loadavg_before"][0], r["loadavg_after"][0])
-                      for r in [ours, *llamas.values()] if r and "loadavg_before" in r)
-        verdict = (f"MEASURED UNDER LOAD (load average up to {busiest:.1f} on {meta['cpus']} CPUs, "
-                   f"{meta['threads']} of them ours): other processes shared the cores, the numbers are noisy"
-                   if busiest > meta["threads"] + 0.5 else "the machine was otherwise quiet")
-        lines += ["", f"runs: {verdict}"] + ["  " + x for x in load_lines]
-    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
-        if res and "error" in res:
-            lines.append(f"{name}: NOT MEASURED: {res['error']}")
-    return "\n".join(lines), {"rows": rows, "prefill": prefill, "memory": memory}
-
-
 # ---- main ---------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -384,6 +276,7 @@ def parse_args(argv=None):
     ap.add_argument("--wait-load", type=float, default=0.0,
                     help="before each run, wait until the 1-minute load average is below this (0: don't wait)")
     ap.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-load, s")
+    ap.add_argument("--report-from", type=Path, help="print the report of a --json file again, measure nothing")
     ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
     # internal: one measurement in this process
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -405,6 +298,13 @@ def main(argv=None) -> int:
         res = WORKERS[args.worker](args)
         args.out.write_text(json.dumps(res, indent=1))
         return 0 if "error" not in res else 3
+    from bench.compare_report import report
+    if args.report_from:
+        saved = json.loads(args.report_from.read_text())
+        text, _ = report(saved["ours"], saved["llamacpp"], saved["meta"]["contexts"], saved["meta"])
+        print(text)
+        print("\nstep times: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in saved["timings_s"].items()))
+        return 0
 
     from bench.checkpoint import build_checkpoint, is_built, recipe_key
     from bench.llamacpp_gguf import gguf_metadata, make_ggufs
