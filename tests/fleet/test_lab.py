@@ -119,7 +119,7 @@ class Lab:
                 return value
             time.sleep(every)
 
-    def client_loop(self, name: str, max_seconds: float, pause: float = 0.1) -> tuple[subprocess.Popen, Path, Path]:
+    def client_loop(self, name: str, max_seconds: float, pause: float = 0.15) -> tuple[subprocess.Popen, Path, Path]:
         out, stop = self.root / f"{name}.json", self.root / f"{name}.stop"
         proc = subprocess.Popen(["ip", "netns", "exec", CTL, sys.executable, REPO / "scripts/lab/client_loop.py", LB,
                                  "--api-key", API_KEY, "--out", out, "--stop-file", stop,
