@@ -110,6 +110,9 @@ def run_level(base: str, model: str, n: int, prompt_len: int, max_tokens: int, v
     step_s = (total(after, "appliance_decode_token_seconds_sum") - total(before, "appliance_decode_token_seconds_sum"))
     throttled_s = (total(after, "appliance_cpu_throttled_seconds_total")
                    - total(before, "appliance_cpu_throttled_seconds_total"))
+    preempted = total(after, "appliance_kv_preemptions_total") - total(before, "appliance_kv_preemptions_total")
+    if preempted:
+        print(f"warning: {preempted:.0f} streams were cut short by a full KV pool at {n} streams", file=sys.stderr)
     return {"streams": n, "aggregate": aggregate, "per_stream": aggregate / n,
             "ms_per_step": 1e3 * step_s / batched if batched else float("nan"),   # observed once per token
             "mean_batch": batched / steps if steps else float("nan"), "wall_s": wall,
@@ -198,7 +201,8 @@ def main(argv=None) -> int:
         print(f"model {model}: {facts.get('layers')} layers, hidden {facts.get('hidden')}, vocab {facts.get('vocab')}, "
               f"weights {facts.get('weights')}, kv {facts.get('kv')}, kernels {facts.get('kernel_path')}, "
               f"threads {facts.get('threads')}")
-        print(f"prompt {args.prompt} tokens, {args.tokens} generated per stream, greedy, ignore_eos")
+        print(f"prompt {args.prompt} tokens, {args.tokens} generated per stream, greedy, ignore_eos; "
+              f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         run_level(base, model, 1, args.prompt, 4, facts["vocab"])          # warm up
         rows = [run_level(base, model, n, args.prompt, args.tokens, facts["vocab"]) for n in args.streams]
         one = rows[0]["aggregate"] if rows[0]["streams"] == 1 else None
