@@ -54,10 +54,12 @@ def test_role_defaults_are_prefixed_and_documented(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_role_layout(role):
     base = ANSIBLE_DIR / "roles" / role
-    main = load(base / "tasks" / "main.yml")
-    imported = [t.get("ansible.builtin.import_tasks") for t in main]
     if role != "supervisor":
-        assert imported[0] == "preflight.yml", f"{role}: tasks/main.yml must start with preflight"
+        first = "main.yml"
+        while first != "preflight.yml":          # follow the first import: main -> (prepare ->) preflight
+            tasks = load(base / "tasks" / first)
+            first = tasks[0].get("ansible.builtin.import_tasks")
+            assert first, f"{role}: tasks/main.yml must start with the preflight checks"
     for template in (base / "templates").glob("*.j2") if (base / "templates").exists() else []:
         head = template.read_text(encoding="utf-8").splitlines()[:3]
         assert any("{{ ansible_managed }}" in line for line in head), f"{template}: no ansible_managed header"
