@@ -13,7 +13,7 @@ import os
 import platform
 import sysconfig
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from Cython.Build import cythonize
 
 
@@ -78,7 +78,12 @@ kvops_extension = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
+# web/ (dashboard templates and static files) sits beside the package in the source tree and
+# ships inside it as appliance/web, where appliance.server looks for it once installed.
 setup(
+    packages=find_packages(include=["appliance", "appliance.*"]) + ["appliance.web"],
+    package_dir={"appliance.web": "web"},
+    package_data={"appliance": ["demo_model/*"], "appliance.web": ["templates/*", "static/*"]},
     ext_modules=cythonize([extension, kvops_extension], include_path=cython_include, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
 )

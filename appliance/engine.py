@@ -381,10 +381,13 @@ class Engine:
     # ---- internals -----------------------------------------------------------
     def _forward(self, work: list[_Work], timer, rows: str) -> np.ndarray:
         """Run rows of several sequences through the model; logits of the rows asked for."""
+        # Reserve for every sequence before any length moves: a KVCacheFullError then leaves
+        # all sequences as they were (extra reserved blocks are harmless and reused next step).
+        for w in work:
+            self.cache.reserve(w.seq.blocks, w.pos_start + len(w.token_ids))
         segments, tokens, positions, row = [], [], [], 0
         for w in work:
             n = len(w.token_ids)
-            self.cache.reserve(w.seq.blocks, w.pos_start + n)
             w.seq.blocks.length = w.pos_start + n
             table, blockpos, count = w.seq.blocks.views(self.cache.block_size)
             qpos = np.arange(w.pos_start, w.pos_start + n, dtype=np.int32)

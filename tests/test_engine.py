@@ -102,3 +102,19 @@ def test_info_reports_kv_bytes(engine):
     info = engine.info()
     assert info["kv_bytes_per_token_per_layer"] == 2 * info["kv_heads"] * (info["head_dim"] + 4)
     assert info["threads"] >= 1 and info["weights"] == "q8"
+
+
+def test_kv_full_mid_decode_leaves_sequences_consistent(tiny_qwen3_dir):
+    """A decode step that cannot reserve raises before any sequence's length moves."""
+    small = Engine.load(tiny_qwen3_dir, max_context=64, kv_cache_tokens=64, progress=False)
+    params = small.sampling_params(max_tokens=40, temperature=0.0, ignore_eos=True)
+    a, b = small.start([5] * 32, params), small.start([6] * 32, params)   # 2 blocks: the pool
+    small.prefill(a)
+    small.prefill(b)
+    lengths = (a.n_context, b.n_context)
+    with pytest.raises(KVCacheFullError):
+        small.decode([a, b])
+    assert (a.n_context, b.n_context) == lengths
+    small.release(b)
+    small.decode([a])                                   # a goes on once space is back
+    assert a.n_context == lengths[0] + 1

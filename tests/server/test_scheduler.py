@@ -122,8 +122,21 @@ def test_queue_bound(engine_factory, make_scheduler):
     assert drain(c)[-1].outcome == "length"
 
 
+def slowed(engine, step_s=0.005):
+    """The engine with every decode step taking at least step_s: a 1000-token request then
+    outlasts sub-second limits on any machine (the tiny model alone decodes ~1000 tokens/s)."""
+    decode = engine.decode
+
+    def slow_decode(seqs):
+        time.sleep(step_s)
+        return decode(seqs)
+
+    engine.decode = slow_decode
+    return engine
+
+
 def test_request_time_limit(engine_factory, make_scheduler):
-    engine = engine_factory()
+    engine = slowed(engine_factory())
     sched = make_scheduler(engine, request_timeout=0.3)
     t0 = time.monotonic()
     fin = drain(sched.submit(prompt(engine), params(1000)))[-1]
@@ -133,7 +146,7 @@ def test_request_time_limit(engine_factory, make_scheduler):
 
 
 def test_drain_refuses_new_and_ends_after_grace(engine_factory, make_scheduler):
-    engine = engine_factory()
+    engine = slowed(engine_factory())
     sched = make_scheduler(engine)
     long = sched.submit(prompt(engine), params(1000))
     assert long.next_event(10) is not None
