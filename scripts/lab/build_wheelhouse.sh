@@ -5,21 +5,24 @@
 # HTTP server in the controller namespace; a fleet: appliance_wheelhouse_url, or the
 # appliance role copies the directory to each board).
 #
-#   scripts/lab/build_wheelhouse.sh [DIR] [--arch aarch64|x86_64] [--python 3.11]
+#   scripts/lab/build_wheelhouse.sh [DIR] [--arch aarch64|x86_64] [--python 3.11] [--check]
 #       DIR defaults to $FLEET_WHEELHOUSE or /var/cache/appliance-fleet/wheelhouse
 #       --arch aarch64   wheels for RK3588 boards (manylinux aarch64), from any controller
 #
-# Idempotent: a stamp of the requirement list skips a second download.
+# Idempotent: a stamp of the requirement list skips a second download. --check only
+# tells (exit 1) whether DIR is missing or stale, without downloading anything.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 DIR=${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}
 ARCH=""
 PYVER=""
+CHECK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) ARCH=$2; shift 2 ;;
     --python) PYVER=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --check) CHECK=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) DIR=$1; shift ;;
   esac
 done
@@ -40,6 +43,10 @@ STAMP_TEXT=$(printf '%s\n' "$REQS" "arch=$ARCH" "python=$PYVER")
 if [ -f "$DIR/.stamp" ] && [ "$(cat "$DIR/.stamp")" = "$STAMP_TEXT" ]; then
   echo "wheelhouse up to date: $DIR ($(ls "$DIR"/*.whl | wc -l) wheels)"
   exit 0
+fi
+if [ "$CHECK" = 1 ]; then
+  echo "wheelhouse missing or stale: $DIR (scripts/ci/install_fleet_deps.sh or $0 $DIR)" >&2
+  exit 1
 fi
 
 mkdir -p "$DIR"

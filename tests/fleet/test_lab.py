@@ -156,7 +156,10 @@ def lab():
     if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("flab-"):
         pytest.fail("a fleet lab is already up: scripts/lab/lab_down.sh first")
     wheelhouse = os.environ.get("FLEET_WHEELHOUSE", "/var/cache/appliance-fleet/wheelhouse")
-    subprocess.run([REPO / "scripts/lab/build_wheelhouse.sh", wheelhouse], check=True, capture_output=True)
+    # The tests download nothing: the wheelhouse comes from scripts/ci/install_fleet_deps.sh.
+    fresh = subprocess.run([REPO / "scripts/lab/build_wheelhouse.sh", wheelhouse, "--check"], capture_output=True,
+                           text=True)
+    assert fresh.returncode == 0, fresh.stderr
     if LAB_DIR.exists() and not os.path.ismount(LAB_DIR):
         shutil.rmtree(LAB_DIR)
     env = dict(os.environ, FLEET_LAB_DIR=str(LAB_DIR), FLEET_WHEELHOUSE=wheelhouse)
@@ -201,6 +204,9 @@ def test_site_converges_and_builds_the_kernels_on_every_board(lab):
         assert board_file(board, "/etc/systemd/system/appliance.service").is_file()
         governor = LAB_DIR / "hosts" / board / "srv/fake-sysfs/class/devfreq/dmc/governor"
         assert governor.read_text().strip() == "performance", f"{board}: DDR governor not pinned"
+    datasource = yaml.safe_load(board_file("mon", "/etc/grafana/provisioning/datasources/fleet.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    assert board_file("mon", "/var/lib/grafana/dashboards/fleet/fleet.json").is_file()
     STEPS["site"] = True
 
 

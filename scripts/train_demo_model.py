@@ -1,0 +1,374 @@
+"""Train the embedded demo model (appliance/demo_model/) on CPU, from text every Python has.
+
+A ~4M-parameter Qwen3 (hidden 256, 4 layers, 4 q / 2 kv heads, head_dim 64, tied
+embeddings) with its own byte-level BPE (3072 tokens, digits split one per token so
+numbers are copied digit by digit). The training mix:
+  * language: docstrings of standard-library modules and the Python reference manual
+    (pydoc_data.topics, minus the topics `appliance eval` uses as held-out filler);
+  * doc chat: "What does json.dumps do?" answered with its docstring, so `make run`
+    talks in recognizable text;
+  * retrieval: facts planted in filler, then questions through the ChatML template,
+    answered by restating the fact with its value (appliance.evaluate defines the task,
+    so training and `appliance eval needle` ask the same way).
+Curriculum: short sequences first (128, 256), then 512, 1024 and some 2048, so that retrieval
+is learned cheaply and then stretched. Retrieval loss is reply-only and averaged apart
+from the language loss, so a few reply tokens are not drowned by a thousand filler ones.
+
+The machine is shared: one torch thread, run under `nice -n 19`, a wall-clock budget
+(the run stops and saves when it is spent) and a checkpoint every few minutes in --work
+(a rerun resumes from it; --fresh starts over). Fixed seed.
+
+    nohup nice -n 19 .venv/bin/python scripts/train_demo_model.py --budget-min 40 > /tmp/train.out 2>&1 &
+
+The shipped model had --budget-min 60: the machine was shared with four other engineers'
+builds and benchmarks (load ~9 on 2 cores), so the niced run got about a third of a core.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import pkgutil
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from appliance import evaluate as task  # noqa: E402
+from tiny_models import CHATML, SPECIAL  # noqa: E402
+
+MODULES = ["json", "collections", "functools", "itertools", "pathlib", "argparse", "logging", "threading",
+           "subprocess", "socket", "email", "http", "unittest", "textwrap", "string", "os", "re", "typing",
+           "asyncio", "dataclasses", "datetime", "inspect", "random", "statistics", "decimal", "fractions",
+           "shutil", "tarfile", "zipfile", "csv", "sqlite3", "xml", "urllib", "html", "difflib", "heapq",
+           "bisect", "contextlib", "abc", "enum", "io", "pickle", "copy", "pprint", "calendar",
+           "configparser", "hashlib", "base64", "struct", "codecs", "glob", "fnmatch", "tempfile", "queue",
+           "sched", "selectors", "operator", "math", "builtins", "types", "weakref", "gzip", "array",
+           "ipaddress", "uuid", "secrets", "time", "sys", "traceback", "warnings", "importlib", "ast",
+           "tokenize", "dis", "doctest", "concurrent", "multiprocessing", "mailbox", "smtplib", "ftplib"]
+QUESTIONS = ["What does {} do?", "Explain {}.", "Tell me about {}.", "What is {}?"]
+VOCAB = 3072
+ARCH = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=8192,
+            rope_theta=1_000_000.0, eos_token_id=2, bos_token_id=None, pad_token_id=0)
+# (time fraction it starts at, sequence length, batch): 2K tokens a step throughout (on a shared
+# CPU, more updates beat bigger batches); short sequences pack more answers into a step, which
+# is what gets retrieval started.
+CURRICULUM = [(0.0, 128, 16), (0.15, 256, 8), (0.35, 512, 4), (0.55, 1024, 2), (0.85, 2048, 1)]
+# Early on, drills (facts without filler) and repeats (a span, then the same span again) are
+# most of the mix: they make copying from context the only way down, which grows the induction
+# heads that retrieval needs in a few hundred steps rather than never (a first run with only
+# filler-heavy retrieval and text stayed at chance on the values for 220 steps; random-token
+# repeats alone grow copy heads in ~150 steps at lr 1e-3, and not at 3e-3).
+EARLY_MIX = {"drill": 0.3, "repeat": 0.35, "retrieval": 0.15, "lm": 0.1, "doc_chat": 0.1}
+LATE_MIX = {"drill": 0.15, "repeat": 0.05, "retrieval": 0.5, "lm": 0.2, "doc_chat": 0.1}
+EARLY_UNTIL = 0.3
+
+
+# ---- text ------------------------------------------------------------------------------------
+def stdlib_docs() -> list[tuple[str, str]]:
+    """(qualified name, docstring) of modules, classes, functions and methods, deduplicated."""
+    seen, out = set(), []
+
+    def add(name, obj):
+        doc = getattr(obj, "__doc__", None)
+        if isinstance(doc, str) and len(doc.strip()) > 40 and doc not in seen:
+            seen.add(doc)
+            out.append((name, doc.strip()))
+
+    mods = []
+    for name in MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        mods.append((name, mod))
+        for _, sub, _ in pkgutil.walk_packages(getattr(mod, "__path__", []), name + ".", onerror=lambda n: None):
+            if sub.endswith("__main__") or ".test" in sub or "idle" in sub:
+                continue  # importing these runs programs
+            try:
+                mods.append((sub, importlib.import_module(sub)))
+            except Exception:
+                pass
+    for name, mod in mods:
+        add(name, mod)
+        for attr, obj in sorted(vars(mod).items()):
+            if attr.startswith("_") or getattr(obj, "__module__", name) != name:
+                continue  # re-exports are documented where they live
+            add(f"{name}.{attr}", obj)
+            if isinstance(obj, type):
+                for meth, fn in sorted(vars(obj).items()):
+                    if not meth.startswith("_"):
+                        add(f"{name}.{attr}.{meth}", fn)
+    return out
+
+
+def manual_text() -> list[str]:
+    from pydoc_data.topics import topics
+    held_out = set(task.held_out_topics())
+    return [topics[k] for k in sorted(topics) if k not in held_out]
+
+
+def train_tokenizer(texts: list[str], out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    # Digits one per token (as Qwen does): a copied number is a string of single-digit copies.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHATML, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "bos_token": None, "model_max_length": 8192, "tokenizer_class": "Qwen2Tokenizer"}, indent=1))
+    return tok
+
+
+def render(messages: list[dict]) -> tuple[str, list[tuple[int, int, str]]]:
+    """ChatML text (exactly CHATML's rendering) and char spans: user content 'lm', answers 'ans'."""
+    text, spans = "", []
+    for m in messages:
+        text += f"<|im_start|>{m['role']}\n"
+        kind = "ans" if m["role"] == "assistant" else "lm"
+        spans.append((len(text), len(text) + len(m["content"]) + len("<|im_end|>"), kind))
+        text += m["content"] + "<|im_end|>\n"
+    return text, spans
+
+
+# ---- samples: (ids, kinds) per token: 0 no loss, 1 language, 2 reply, 3 the value in a reply -------
+class Data:
+    def __init__(self, tok, docs, manual, rng: random.Random):
+        self.tok, self.rng = tok, rng
+        texts = manual + [d for _, d in docs]
+        rng_local = random.Random(0)
+        rng_local.shuffle(texts)
+        eot = "<|endoftext|>"
+        self.stream = [i for enc in tok.encode_batch([t + eot for t in texts]) for i in enc.ids]
+        self.chat_docs = [(n, d) for n, d in docs if len(d) > 80]
+
+    def encode(self, text, spans, length):
+        enc = self.tok.encode(text)
+        code = {"none": 0, "lm": 1, "ans": 2, "value": 3}
+        kinds = [next((code[k] for s, e, k in spans if s <= a < e), 0) for a, _ in enc.offsets]
+        return enc.ids[:length], kinds[:length]
+
+    def lm(self, length):
+        start = self.rng.randrange(len(self.stream) - length)
+        return self.stream[start:start + length], [1] * length
+
+    def doc_chat(self, length):
+        text, spans = "", []
+        while len(text) < length * 5:
+            name, doc = self.rng.choice(self.chat_docs)
+            t, s = render([{"role": "user", "content": self.rng.choice(QUESTIONS).format(name)},
+                           {"role": "assistant", "content": doc[:1200]}])
+            spans += [(a + len(text), b + len(text), "lm" if k == "ans" else "none") for a, b, k in s]
+            text += t
+        return self.encode(text, spans, length)
+
+    def retrieval(self, length):
+        rng = self.rng
+        # About 16 tokens a fact and 45 a question with its reply; short sequences get fewer.
+        n_facts = rng.randint(1, min(6, 2 + length // 256))
+        facts = task.make_facts(rng, n_facts)
+        asked = rng.sample(facts, rng.randint(1, min(4, n_facts, 1 + length // 256)))
+        n_filler = max(16, length - 18 * n_facts - 45 * len(asked) - 16)
+        n_filler = rng.randint(n_filler // 2, n_filler) if rng.random() < 0.3 else n_filler
+        start = rng.randrange(len(self.stream) - n_filler)
+        filler = self.tok.decode(self.stream[start:start + n_filler]).replace("<|endoftext|>", "\n\n")
+        haystack = task.plant(filler, facts, [rng.random() for _ in facts])
+        return self.conversation(haystack, asked, length)
+
+    def drill(self, length):
+        """Facts with no filler, then questions: the most retrieval signal per token."""
+        n_facts = self.rng.randint(2, min(8, 2 + length // 64))
+        facts = task.make_facts(self.rng, n_facts)
+        asked = self.rng.sample(facts, max(1, min(n_facts, (length - 18 * n_facts) // 45)))
+        return self.conversation(" ".join(f["fact"] for f in facts), asked, length)
+
+    def repeat(self, length):
+        """Random tokens, then the same tokens again: the copy is only predictable by looking back.
+        (Repeats of text or of numbers did not do it: text is predictable without looking back,
+        and digits are too few symbols for one token to say where to copy from.)"""
+        n = length // 2
+        span = [self.rng.randrange(len(SPECIAL), self.tok.get_vocab_size()) for _ in range(n)]
+        return span + span, [0] * n + [1] * n
+
+    def conversation(self, haystack, asked, length):
+        messages = task.needle_messages(haystack, asked[0]["question"])
+        messages.append({"role": "assistant", "content": asked[0]["reply"]})
+        for f in asked[1:]:
+            messages += [{"role": "user", "content": f["question"]},
+                         {"role": "assistant", "content": f["reply"]}]
+        text, spans = render(messages)
+        # Facts and filler are the language part; only the replies are the retrieval part, and in
+        # them the value's digits (kind 3) are what retrieval is about.
+        for f in asked:
+            at = text.rindex(f["reply"])
+            at += f["reply"].rindex(f["answer"])
+            spans.insert(0, (at, at + len(f["answer"]), "value"))
+        return self.encode(text, spans, length)
+
+    def batch(self, batch, length, mix):
+        import torch
+        x = torch.zeros(batch, length, dtype=torch.long)
+        y = torch.zeros(batch, length, dtype=torch.long)
+        kinds = torch.zeros(batch, length, dtype=torch.long)
+        names, weights = list(mix), list(mix.values())
+        for b in range(batch):
+            ids, kind = getattr(self, self.rng.choices(names, weights)[0])(length + 1)
+            n = len(ids) - 1
+            x[b, :n] = torch.tensor(ids[:-1])
+            y[b, :n] = torch.tensor(ids[1:])
+            kinds[b, :n] = torch.tensor(kind[1:])
+        return x, y, kinds
+
+
+# ---- evaluation (greedy, the eval task's prompts on held-out filler) ---------------------------------
+def needle_recall(model, tokenizer, context, trials):
+    import torch
+    hits = 0
+    cases = task.needle_cases(tokenizer, context, trials, seed=1)
+    for case in cases:
+        ids = torch.tensor([case["ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=case["max_tokens"], do_sample=False,
+                                 eos_token_id=2, pad_token_id=0)
+        hits += task.is_recalled(tokenizer.decode(out[0, ids.shape[1]:].tolist()), case["answer"])
+    return hits / len(cases)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "appliance" / "demo_model")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/demo_model_train"))
+    ap.add_argument("--budget-min", type=float, default=40.0, help="wall-clock training budget")
+    ap.add_argument("--checkpoint-min", type=float, default=5.0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --work")
+    args = ap.parse_args()
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from appliance.tokenizer import Tokenizer as ApplianceTokenizer
+    torch.set_num_threads(1)
+    args.work.mkdir(parents=True, exist_ok=True)
+    log_file = open(args.work / "train.log", "a")
+
+    def log(msg):
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    docs, manual = stdlib_docs(), manual_text()
+    tok_dir = args.work / "tokenizer"
+    tok = train_tokenizer(manual + [d for _, d in docs] + [q.format(n) for n, _ in docs[:2000] for q in QUESTIONS[:1]],
+                          tok_dir)
+    eval_tok = ApplianceTokenizer(tok_dir, {2})
+    log(f"text: {len(docs)} docstrings, {len(manual)} manual topics, "
+        f"{sum(map(len, manual)) + sum(len(d) for _, d in docs)} chars; vocab {tok.get_vocab_size()}")
+
+    torch.manual_seed(args.seed)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=tok.get_vocab_size(), attn_implementation="sdpa", **ARCH))
+    # No weight decay on norm gains: the QK-norm gains bound how sharply a head can attend.
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    data = Data(tok, docs, manual, random.Random(args.seed))
+    log(f"model: {sum(p.numel() for p in model.parameters())} parameters; stream {len(data.stream)} tokens")
+    step, elapsed = 0, 0.0
+    ckpt = args.work / "checkpoint.pt"
+    if ckpt.exists() and not args.fresh:
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, elapsed = state["step"], state["elapsed"]
+        data.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        log(f"resumed at step {step}, {elapsed / 60:.1f} min")
+
+    def save_checkpoint():
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "rng": data.rng.getstate(), "torch_rng": torch.get_rng_state()}, tmp)
+        tmp.replace(ckpt)
+
+    budget = args.budget_min * 60
+    t_start, t_ckpt = time.time() - elapsed, time.time()
+    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
+    model.train()
+    while elapsed < budget:
+        frac = elapsed / budget
+        _, length, batch = [c for c in CURRICULUM if c[0] <= frac][-1]
+        if length > 1024 and step % 2:
+            length, batch = 1024, 2          # the last stretch alternates 1024 and 2048
+        warm = min(1.0, (step + 1) / 50)
+        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y, kinds = data.batch(batch, length, EARLY_MIX if frac < EARLY_UNTIL else LATE_MIX)
+        logits = model(input_ids=x).logits
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+        lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
+        lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
+        ans_loss = (ce * ans_mask).sum() / ans_mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        (lm_loss + ans_loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed = time.time() - t_start
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == y).float() * value_mask).sum() / value_mask.sum().clamp(min=1)
+        sums["lm"] += lm_loss.item(); sums["ans"] += ans_loss.item(); sums["acc"] += acc.item(); sums["n"] += 1
+        if step % 10 == 0:
+            n = sums["n"]
+            log(f"step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
+                f"  answer_loss {sums['ans'] / n:.3f}  value_digit_acc {sums['acc'] / n:.2f}")
+            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
+        if time.time() - t_ckpt > args.checkpoint_min * 60:
+            save_checkpoint()
+            model.eval()
+            log(f"checkpoint at step {step}; needle recall at {length}: "
+                f"{needle_recall(model, eval_tok, min(length, 1024), 1):.2f}")
+            model.train()
+            t_ckpt = time.time()
+    save_checkpoint()
+    log(f"budget spent: {step} steps, {elapsed / 60:.1f} min")
+
+    model.eval()
+    for context in (256, 512, 1024, 2048):
+        log(f"final needle recall (torch, greedy, held-out filler) at {context}: "
+            f"{needle_recall(model, eval_tok, context, 10):.2f}")
+    msgs = [{"role": "user", "content": "What does json.dumps do?"}]
+    ids = torch.tensor([eval_tok.encode(eval_tok.apply_chat_template(msgs))])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=60, do_sample=False, eos_token_id=2, pad_token_id=0)
+    log(f"sample: {eval_tok.decode(out[0, ids.shape[1]:].tolist())!r}")
+
+    out_dir = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        (out_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / ".appliance-cache", ignore_errors=True)   # quantized weights of the old model
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_dir / name, out_dir / name)
+    (out_dir / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [2, 0], "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40}, indent=1))
+    shutil.copy(args.work / "train.log", out_dir / "train_log.txt")
+    log(f"saved {out_dir}")
+
+
+if __name__ == "__main__":
+    main()
