@@ -30,13 +30,16 @@ run: build
 	@echo "dashboard: http://$(HOST):$(PORT)/"
 	$(VENV)/bin/appliance serve --host $(HOST) --port $(PORT)
 
-# Every test: the Python suites (kernels, models, engine, server, fleet static checks), then
-# the emulated aarch64 suite and the simulated fleet.
+# Every test: the Python suites (kernels, models, engine, server with browser and Prometheus),
+# then the aarch64 suite under qemu (mk/arm.mk) and the fleet: static checks and the simulated
+# boards (mk/fleet.mk). Each part stops the run on failure.
 test: build system-deps
-	$(PY) -m pytest -q tests; rc=$$?; [ $$rc -eq 0 ] || exit $$rc
+	$(PY) -m pytest -q tests --ignore=tests/fleet
+	$(MAKE) test-arm
+	$(MAKE) test-fleet
 
 test-fast: build
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/fleet
 
 bench: build
 	$(PY) bench/compare_llamacpp.py
@@ -45,3 +48,4 @@ clean:
 	rm -rf build appliance/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
 
 include mk/arm.mk
+include mk/fleet.mk
