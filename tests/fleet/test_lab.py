@@ -11,6 +11,7 @@ fleet table. Traffic stays inside the lab's namespaces.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -38,6 +39,7 @@ PROM = "http://10.78.0.2:9090"
 API_KEY = yaml.safe_load((ANSIBLE_DIR / "inventories/lab/group_vars/boards.yml").read_text())["appliance_api_key"]
 UPGRADE_SUFFIX = "+fleetlab2"
 STEPS: dict[str, bool] = {}
+LOCK_FILE = "/run/lock/appliance-fleet-lab.lock"
 
 
 def need(step: str) -> None:
@@ -153,8 +155,22 @@ def lab():
     for name in ("ip", "sshd", "nginx", "prometheus", "prometheus-node-exporter", "ansible-playbook", "curl",
                  "systemd-analyze", "gcc"):
         tool(name)
+    lock = None
+    if os.environ.get("FLEET_LAB_LOCK_HELD") != "1":   # scripts/ci/test_fleet.sh holds it already
+        os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+        lock = open(LOCK_FILE, "w")
+        deadline = time.monotonic() + 1200
+        while True:                                     # one lab per machine: queue behind another run
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another fleet run held {LOCK_FILE} for 20 minutes")
+                time.sleep(5)
     if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("flab-"):
-        pytest.fail("a fleet lab is already up: scripts/lab/lab_down.sh first")
+        # we hold the lock, so nobody owns this lab: a run that died left it
+        subprocess.run([REPO / "scripts/lab/lab_down.sh"], capture_output=True, timeout=300)
     wheelhouse = os.environ.get("FLEET_WHEELHOUSE", "/var/cache/appliance-fleet/wheelhouse")
     # The tests download nothing: the wheelhouse comes from scripts/ci/install_fleet_deps.sh.
     fresh = subprocess.run([REPO / "scripts/lab/build_wheelhouse.sh", wheelhouse, "--check"], capture_output=True,
@@ -184,6 +200,8 @@ def lab():
             print(down.stdout + down.stderr)
             if logs.exists():
                 (logs / "lab_down.txt").write_text(down.stdout + down.stderr)
+        if lock is not None:
+            lock.close()
 
 
 def board_file(board: str, path: str) -> Path:
