@@ -9,7 +9,9 @@ numbers are copied digit by digit). The training mix:
     talks in recognizable text;
   * retrieval: facts planted in filler, then questions through the ChatML template,
     answered by restating the fact with its value (appliance.evaluate defines the task,
-    so training and `appliance eval needle` ask the same way).
+    so training and `appliance eval needle` ask the same way);
+  * copy drills: random tokens repeated (alone for the first 250 steps) and facts without
+    filler, which grow the copy (induction) heads retrieval is built on.
 Curriculum: short sequences first (128, 256), then 512, 1024 and some 2048, so that retrieval
 is learned cheaply and then stretched. Retrieval loss is reply-only and averaged apart
 from the language loss, so a few reply tokens are not drowned by a thousand filler ones.
@@ -20,8 +22,9 @@ The machine is shared: one torch thread, run under `nice -n 19`, a wall-clock bu
 
     nohup nice -n 19 .venv/bin/python scripts/train_demo_model.py --budget-min 40 > /tmp/train.out 2>&1 &
 
-The shipped model had --budget-min 60: the machine was shared with four other engineers'
-builds and benchmarks (load ~9 on 2 cores), so the niced run got about a third of a core.
+The shipped model: --budget-min 30 (its log is appliance/demo_model/train_log.txt). The machine
+was shared with other engineers' builds and benchmarks (load 4-9 on 2 cores), so the niced
+run got a third to a half of a core: about 1.5 s per 2K-token step.
 """
 from __future__ import annotations
 
@@ -58,15 +61,18 @@ ARCH = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_att
 # (time fraction it starts at, sequence length, batch): 2K tokens a step throughout (on a shared
 # CPU, more updates beat bigger batches); short sequences pack more answers into a step, which
 # is what gets retrieval started.
-CURRICULUM = [(0.0, 128, 16), (0.15, 256, 8), (0.35, 512, 4), (0.55, 1024, 2), (0.85, 2048, 1)]
+CURRICULUM = [(0.0, 128, 16), (0.25, 256, 8), (0.45, 512, 4), (0.65, 1024, 2), (0.9, 2048, 1)]
 # Early on, drills (facts without filler) and repeats (a span, then the same span again) are
 # most of the mix: they make copying from context the only way down, which grows the induction
 # heads that retrieval needs in a few hundred steps rather than never (a first run with only
 # filler-heavy retrieval and text stayed at chance on the values for 220 steps; random-token
 # repeats alone grow copy heads in ~150 steps at lr 1e-3, and not at 3e-3).
-EARLY_MIX = {"drill": 0.3, "repeat": 0.35, "retrieval": 0.15, "lm": 0.1, "doc_chat": 0.1}
-LATE_MIX = {"drill": 0.15, "repeat": 0.05, "retrieval": 0.5, "lm": 0.2, "doc_chat": 0.1}
-EARLY_UNTIL = 0.3
+# Mixed in at a third they still had not appeared after 500 steps, so the run opens with
+# repeats alone, for a number of steps (not a share of the time: on a busy machine 3 minutes
+# were only 85 steps, too few).
+REPEAT_ONLY_STEPS = 250
+MIXES = [(0.0, {"drill": 0.3, "repeat": 0.25, "retrieval": 0.2, "lm": 0.15, "doc_chat": 0.1}),
+         (0.4, {"drill": 0.15, "repeat": 0.05, "retrieval": 0.5, "lm": 0.2, "doc_chat": 0.1})]
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -315,7 +321,8 @@ def main() -> None:
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, kinds = data.batch(batch, length, EARLY_MIX if frac < EARLY_UNTIL else LATE_MIX)
+        mix = [m for start, m in MIXES if start <= frac][-1] if step >= REPEAT_ONLY_STEPS else {"repeat": 1}
+        x, y, kinds = data.batch(batch, length, mix)
         logits = model(input_ids=x).logits
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
         lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
