@@ -21,7 +21,8 @@ bench/compare_llamacpp.py for the llama.cpp converter and Qwen's tokenizer):
      alternate `--rounds` times and each keeps its fastest round: on a shared machine a
      run is slowed by whatever else runs, and the fastest is the least disturbed.
 Measured per engine and layer count: decode ms/token (median of `--gen` steps after a
-`--context`-token prompt), prefill tokens/s of that prompt (and of the first such prompt
+`--context`-token prompt; and the process's CPU time per step, which with --threads 1
+is the work of a token whatever else shares the cores), prefill tokens/s of that prompt (and of the first such prompt
 after load, "cold": ours pages its experts in then), RSS after load, after a one-token
 prompt and its first decoded token, and at the end (with its anonymous part: file-backed
 pages of mapped weights can be dropped by the kernel under pressure, anonymous ones
@@ -228,12 +229,14 @@ def worker_llama(args) -> dict:
     t = time.perf_counter()
     llm.eval(_tokens(args.context, 1))
     res["prefill_tokens_per_s"] = args.context / (time.perf_counter() - t)
-    steps = []
+    steps, cpu = [], []
     for tok in _tokens(args.gen, 2):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         llm.eval([tok])
         steps.append(time.perf_counter() - t)
-    res.update(decode_ms_per_token=1e3 * _median(steps), steps_s=steps, mem_end=_memory())
+        cpu.append(time.process_time() - c)
+    res.update(decode_ms_per_token=1e3 * _median(steps), decode_cpu_ms_per_token=1e3 * _median(cpu),
+               steps_s=steps, mem_end=_memory())
     return res
 
 
@@ -258,11 +261,18 @@ def worker_ours(args) -> dict:
     # The first long prompt pages in most experts (llama.cpp read them all while loading).
     cold, _ = measure(engine, args.context, 1, salt=9)
     res["prefill_cold_tokens_per_s"] = args.context / cold.total_s
-    per_step = []
-    engine.add_stats_listener(lambda s: per_step.append(use.experts_per_token) if isinstance(s, DecodeStats) else None)
+    per_step, cpu_marks = [], []
+
+    def on_step(stats) -> None:
+        cpu_marks.append(time.process_time())        # CPU time of the process at the end of each step
+        if isinstance(stats, DecodeStats):
+            per_step.append(use.experts_per_token)
+
+    engine.add_stats_listener(on_step)
     prefill, steps = measure(engine, args.context, args.gen)
     res.update(prefill_tokens_per_s=args.context / prefill.total_s,
                decode_ms_per_token=1e3 * _median([s.total_s for s in steps]),
+               decode_cpu_ms_per_token=1e3 * _median([b - a for a, b in zip(cpu_marks, cpu_marks[1:])]),
                attn_ms_per_token=1e3 * _median([s.attn_s for s in steps]),
                steps_s=[s.total_s for s in steps], experts_per_token=_median(per_step),
                experts_run_share=use.share_ever_ran, mem_end=_memory())
@@ -272,7 +282,16 @@ def worker_ours(args) -> dict:
 WORKERS = {"llama": worker_llama, "ours": worker_ours}
 
 
+def wait_for_quiet(max_load: float, timeout_s: float) -> None:
+    """Wait (at most timeout_s) until the 1-minute load average drops below max_load."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= max_load and time.monotonic() - t0 < timeout_s:
+        time.sleep(10)
+
+
 def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
+    if getattr(args, "quiet_load", 0):
+        wait_for_quiet(args.quiet_load, args.quiet_timeout)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--out", str(out),
            "--threads", str(args.threads), "--context", str(args.context), "--gen", str(args.gen), *extra]
     load = os.getloadavg()[0]
@@ -302,7 +321,7 @@ def extrapolate(small: dict | None, big: dict, n_small: int, n_big: int, key: st
     return fixed, per_layer, fixed + FULL_LAYERS * per_layer
 
 
-def report(results: dict, layer_counts: list[int], meta: dict) -> str:
+def report(results: dict, layer_counts: list[int], meta: dict, rounds: dict | None = None) -> str:
     n_big = max(layer_counts)
     n_small = min(layer_counts) if len(layer_counts) > 1 else None
     lines = [f"Qwen3-30B-A3B-shaped random checkpoint (128 experts, top-8, 2048 hidden), {meta['threads']} threads, "
@@ -312,7 +331,8 @@ def report(results: dict, layer_counts: list[int], meta: dict) -> str:
              "ours: q4 weights (Q4_0 experts/attention, Q8_0 embedding/lm_head, f32 router), q8 KV, experts mmap'd",
              "llama.cpp: same formats (GGUF Q4_0 pure, Q8_0 token_embd/output, F32 ffn_gate_inp), f16 KV, "
              "mmap + weight repacking (defaults)", ""]
-    head = (f"{'layers':>6} | {'engine':>9} | {'decode ms/tok':>13} | {'prefill tok/s':>13} | {'cold':>6} | "
+    head = (f"{'layers':>6} | {'engine':>9} | {'decode ms/tok':>13} | {'CPU ms/tok':>10} | {'prefill tok/s':>13} | "
+            f"{'cold':>6} | "
             f"{'experts/tok':>11} | {'RSS MiB: load':>13} | {'1st tok':>7} | {'end':>5} | {'end anon':>8} | "
             f"{'experts run':>11} | load avg")
     lines += [head, "-" * len(head)]
@@ -329,9 +349,15 @@ def report(results: dict, layer_counts: list[int], meta: dict) -> str:
             share = f"{100 * r['experts_run_share']:.0f}%" if "experts_run_share" in r else "-"
             mem = [r["mem_after_load"]["rss"], r["mem_first_token"]["rss"], r["mem_end"]["rss"], r["mem_end"]["anon"]]
             lines.append(f"{n:>6} | {label:>9} | {r['decode_ms_per_token']:>13.1f} | "
+                         f"{r.get('decode_cpu_ms_per_token', float('nan')):>10.1f} | "
                          f"{r['prefill_tokens_per_s']:>13.1f} | {r['prefill_cold_tokens_per_s']:>6.1f} | {ept:>11} | "
                          f"{mem[0] / MB:>13.0f} | {mem[1] / MB:>7.0f} | {mem[2] / MB:>5.0f} | {mem[3] / MB:>8.0f} | "
                          f"{share:>11} | {r['loadavg'][0]:.1f}/{r['loadavg'][1]:.1f}")
+    if rounds and meta.get("rounds", 1) > 1:
+        lines.append("decode ms/token of every round: " + "; ".join(
+            f"{'ours' if name == 'ours' else 'llama.cpp'} {n}L "
+            + ", ".join(f"{r['decode_ms_per_token']:.1f}" if "error" not in r else "failed" for r in runs)
+            for (name, n), runs in sorted(rounds.items(), key=lambda kv: (kv[0][1], kv[0][0]))))
     ours, llama = results.get(("ours", n_big)), results.get(("llama", n_big))
     if ours and llama and "error" not in ours and "error" not in llama:
         lines.append(f"\n{n_big} layers: ours / llama.cpp decode = "
@@ -346,6 +372,9 @@ def report(results: dict, layer_counts: list[int], meta: dict) -> str:
             fixed, per, full = extrapolate(small, big, n_small, n_big, "decode_ms_per_token")
             lines.append(f"  {label:>9} decode: {fixed:.1f} ms fixed (embedding, lm_head, sampling) + "
                          f"{per:.2f} ms/layer -> {full:.0f} ms/token at {FULL_LAYERS} layers ({1e3 / full:.1f} tok/s)")
+            fixed, per, full = extrapolate(small, big, n_small, n_big, "decode_cpu_ms_per_token")
+            lines.append(f"  {label:>9} decode CPU time: {fixed:.1f} ms fixed + {per:.2f} ms/layer -> "
+                         f"{full:.0f} ms/token at {FULL_LAYERS} layers")
             for key, what in (("mem_first_token.rss", "RSS after one token"), ("mem_end.rss", "RSS at the end"),
                               ("mem_end.anon", "of which anonymous")):
                 fixed, per, full = extrapolate(small, big, n_small, n_big, key)
@@ -370,6 +399,9 @@ def parse_args(argv=None):
     ap.add_argument("--gen", type=int, default=32, help="decode steps timed (default 32)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternating runs of each engine; the fastest is reported (default 3)")
+    ap.add_argument("--quiet-load", type=float, default=0,
+                    help="before each run, wait until the 1-minute load average is below this (default: no wait)")
+    ap.add_argument("--quiet-timeout", type=float, default=600, help="longest wait for --quiet-load, s (default 600)")
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -422,7 +454,7 @@ def main(argv=None) -> int:
                                if line.startswith("model name")) + f", {os.cpu_count()} CPUs"
     except (OSError, StopIteration):
         pass
-    print(report(results, layer_counts, meta))
+    print(report(results, layer_counts, meta, rounds))
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "best": {f"{k[0]}-{k[1]}": v for k, v in results.items()},
                                          "rounds": {f"{k[0]}-{k[1]}": v for k, v in rounds.items()}}, indent=1))

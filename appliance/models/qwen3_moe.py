@@ -32,6 +32,8 @@ from .base import Batch, TensorSpec, config_error
 from .qwen3 import Qwen3Config, Qwen3Layer, Qwen3Model, attention_plan, head_plan, mlp_plan, swiglu_plan
 
 DEFAULT_WEIGHTS = "q4"
+# OpenBLAS runs a product of at most this many multiply-adds on the calling thread.
+BLAS_SINGLE_THREAD_MACS = 1 << 18
 
 
 @dataclass
@@ -151,27 +153,25 @@ class Expert:
 class SparseMoE:
     """The MoE MLP sublayer: h += sum over each row's top-k experts of weight * expert(rmsnorm(h))."""
 
-    # Router products of more rows than this run as one BLAS call; fewer run one row at a
-    # time: OpenBLAS threads a product of several rows (and a matrix-vector product), and
-    # its threads then spin beside the kernels' OpenMP threads on the same cores, while a
-    # [1, hidden] x [hidden, experts] product stays on the calling thread.
-    ROUTER_ROWS_PER_CALL = 16
-
     def __init__(self, cfg: Qwen3MoeConfig, i: int, kind: str, t: dict, use: ExpertUse):
         self.index, self.eps, self.use = i, cfg.rms_norm_eps, use
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.norm = t[f"{i}.mlp_norm"]
         self.router = t[f"{i}.router"]                                   # float32[E, hidden]
+        # Router products stay small enough for OpenBLAS to run them on the calling thread:
+        # threaded, its threads compete with the kernels' OpenMP threads for the same cores
+        # (measured on 2 shared cores: 128 rows took 86 ms in one product, 1.8 ms row by row).
+        # Qwen3-30B-A3B's one-row product is exactly at the limit: one block per row.
+        cols = max(1, BLAS_SINGLE_THREAD_MACS // cfg.hidden_size)
+        self.router_blocks = [self.router[e:e + cols].T for e in range(0, cfg.num_experts, cols)]
         self.experts = [Expert(kind, t, f"{i}.experts.{e}") for e in range(cfg.num_experts)]
         self.quantized = kind != "f32"
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k experts intp[M, k] of each row and their weights float32[M, k] (softmax, then
         renormalized over the k when the config says so), as transformers' Qwen3MoeTopKRouter."""
-        if len(x) > self.ROUTER_ROWS_PER_CALL:
-            logits = x @ self.router.T                                   # [M, E]
-        else:
-            logits = np.concatenate([x[i:i + 1] @ self.router.T for i in range(len(x))])
+        logits = np.concatenate([np.concatenate([x[i:i + 1] @ block for block in self.router_blocks], axis=1)
+                                 for i in range(len(x))])                # [M, E]
         n_experts, k = logits.shape[1], self.top_k
         top = np.argpartition(logits, n_experts - k, axis=1)[:, n_experts - k:]
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
