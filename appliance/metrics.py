@@ -180,6 +180,12 @@ class Metrics:
                                _version("gunicorn"), platform.machine()).set(1)
         self.loaded = Gauge("appliance_model_loaded", "1 once the model is loaded and serving.",
                             registry=r)
+        # NaN until the start-up selftest has run: no verdict yet is neither a pass nor a fail.
+        self.selftest_ok = Gauge("appliance_selftest_ok",
+                                 "1 if the compiled kernels agreed with the portable reference at start.",
+                                 registry=r)
+        self.selftest_ok.set_function(lambda: self._selftest)
+        self._selftest = float("nan")
         r.register(_LiveCollector(self))
 
     # ---- wiring --------------------------------------------------------------
@@ -199,6 +205,9 @@ class Metrics:
         self.loaded.set(1)
 
     # ---- inputs ---------------------------------------------------------------
+
+    def set_selftest(self, ok: bool) -> None:
+        self._selftest = 1.0 if ok else 0.0
 
     def observe(self, stats) -> None:
         """Any stats object from the engine or the scheduler."""

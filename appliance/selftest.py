@@ -100,24 +100,35 @@ def _checks(k, rng):
         yield f"attention_{kind}", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
 
 
-def run_selftest(as_json: bool = False) -> int:
-    try:
-        from . import _kernels as k
-    except ImportError as e:
-        print(f"selftest: FAIL: the compiled kernels are not built ({e})", file=sys.stderr)
-        return 2
+def selftest_report() -> dict:
+    """Run every check; {"ok", "kernel_path", "checks", ...}. Raises ImportError without kernels.
+
+    The server runs this too, once at start, and exports the verdict as appliance_selftest_ok
+    (the fleet's BoardSelftestFailing alert): a board whose kernels went wrong after the
+    rollout's selftest (a CPU swap, a changed library) is then still caught.
+    """
+    from . import _kernels as k
     report = {"kernel_path": k.kernel_path(), "cpu_features": k.cpu_features(),
               "cpu_supported": bool(k.cpu_supported()), "big_cores": cpu.big_cores(),
               "threads": cpu.default_threads(), "checks": []}
     if not report["cpu_supported"]:
         report["ok"] = False
-        _print(report, as_json, f"this CPU cannot run the {report['kernel_path']} path the kernels were built for")
-        return 1
+        report["problem"] = f"this CPU cannot run the {report['kernel_path']} path the kernels were built for"
+        return report
     rng = np.random.default_rng(20261129)
     for name, ok, detail in _checks(k, rng):
         report["checks"].append({"name": name, "ok": bool(ok), "detail": detail})
     report["ok"] = all(c["ok"] for c in report["checks"])
-    _print(report, as_json)
+    return report
+
+
+def run_selftest(as_json: bool = False) -> int:
+    try:
+        report = selftest_report()
+    except ImportError as e:
+        print(f"selftest: FAIL: the compiled kernels are not built ({e})", file=sys.stderr)
+        return 2
+    _print(report, as_json, report.get("problem"))
     return 0 if report["ok"] else 1
 
 

@@ -157,8 +157,9 @@ def worker_llama(args) -> dict:
 # ---- worker: our engine -----------------------------------------------------------------
 def _load_engine(args):
     from appliance import Engine
+    sparse = {"k": args.sparse_k, "block": 32, "probe": 8} if args.sparse_k else None
     return Engine.load(str(args.model), weights=args.weights, kv=args.kv, threads=args.threads,
-                       max_context=args.max_context, progress=False)
+                       max_context=args.max_context, sparse=sparse, progress=False)
 
 
 def worker_ours_prepare(args) -> dict:
@@ -180,6 +181,7 @@ def worker_ours(args) -> dict:
     kv_capacity_bytes = sum(a.nbytes for a in (cache.k, cache.v, cache.k_scale, cache.v_scale) if a is not None)
     per_token = cache.bytes_per_token_per_layer * e.config.num_hidden_layers
     res = {"engine": "ours", "weights": args.weights, "kv": args.kv, "threads": e.threads,
+           "sparse_k": args.sparse_k or None,
            "kernel_path": kernels.kernel_path(), "max_context": e.max_context, "load_s": load_s,
            "weight_bytes": e.weight_bytes, "kv_capacity_bytes": kv_capacity_bytes,
            "kv_bytes_per_token": per_token,
@@ -199,7 +201,7 @@ def worker_ours(args) -> dict:
         attn = [s.attn_s for s in steps]
         res["decode"].append({"context": n, "fill_s": p.total_s, "steps_s": total, "attn_s": attn,
                               "ms_per_token": 1e3 * _median(total), "attn_ms_per_token": 1e3 * _median(attn)})
-        log(f"    ours: ctx {n}: {1e3 * _median(total):.1f} ms/token (attention {1e3 * _median(attn):.1f})")
+        log(f"    ours{' sparse' if args.sparse_k else ''}: ctx {n}: {1e3 * _median(total):.1f} ms/token (attention {1e3 * _median(attn):.1f})")
     res.update({f"end_{k}": v for k, v in _rss().items()})
     res["kv_context"] = max(args.contexts) + args.gen
     res["kv_used_bytes_at_max_context"] = per_token * res["kv_context"]
@@ -262,6 +264,12 @@ def parse_args(argv=None):
     ap.add_argument("--prefill-repeat", type=int, default=2, help="prefill runs, median (default 2)")
     ap.add_argument("--weights", default="q8", help="our weight format (default q8)")
     ap.add_argument("--kv", default="q8", help="our KV cache kind (default q8)")
+    ap.add_argument("--sparse-k", type=int, default=0,
+                    help="also time our engine with block-sparse attention keeping K blocks "
+                         "(block 32, probe 8) as an extra column; 0: exact only (default)")
+    ap.add_argument("--llama-from", type=Path,
+                    help="take the llama.cpp results from an earlier --json file instead of measuring "
+                         "them again (contexts it lacks show '-')")
     ap.add_argument("--llama-configs", default="f16,q8_0",
                     help=f"llama.cpp runs, first is the reference column; of {','.join(LLAMA_CONFIGS)} "
                          "(default f16,q8_0)")
@@ -301,7 +309,8 @@ def main(argv=None) -> int:
     from bench.compare_report import report
     if args.report_from:
         saved = json.loads(args.report_from.read_text())
-        text, _ = report(saved["ours"], saved["llamacpp"], saved["meta"]["contexts"], saved["meta"])
+        text, _ = report(saved["ours"], saved["llamacpp"], saved["meta"]["contexts"], saved["meta"],
+                         saved.get("ours_sparse"))
         print(text)
         print("\nstep times: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in saved["timings_s"].items()))
         return 0
@@ -332,6 +341,15 @@ def main(argv=None) -> int:
     if not args.skip_llama and not have_llama:
         log(f"llama-cpp-python is not installed in {sys.executable}; install it with\n  {INSTALL_LLAMA}")
         llamas = {c: {"error": "llama-cpp-python is not installed"} for c in llama_configs}
+    elif args.llama_from:
+        saved = json.loads(args.llama_from.read_text())
+        llamas = saved["llamacpp"]
+        timings.update({k: v for k, v in saved["timings_s"].items() if k.startswith(("llama", "gguf"))})
+        have = {d["context"] for r in llamas.values() if "error" not in r for d in r["decode"]}
+        if not set(args.contexts) <= have:
+            log(f"  note: {args.llama_from} has no llama.cpp decode at contexts "
+                f"{sorted(set(args.contexts) - have)}; those rows show '-'")
+        log(f"[2-3/4] llama.cpp results from {args.llama_from} ({saved['meta']['time']})")
     elif not args.skip_llama:
         t0 = time.perf_counter()
         log("[2/4] GGUF conversion with llama.cpp's convert_hf_to_gguf.py")
@@ -357,7 +375,7 @@ def main(argv=None) -> int:
             llamas[name] = res
             timings[f"llama_{name}_s"] = time.perf_counter() - t0
 
-    ours = None
+    ours = ours_sparse = None
     if not args.skip_ours:
         max_context = max(args.contexts) + args.gen + 64
         extra = ["--model", str(model_dir), "--max-context", str(max_context)]
@@ -379,6 +397,12 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             ours = run_worker("ours", args, extra + extra_engine, results_dir / "ours.json")
             timings["ours_s"] = time.perf_counter() - t0
+            if args.sparse_k:
+                log(f"  block-sparse attention, k={args.sparse_k}")
+                t0 = time.perf_counter()
+                ours_sparse = run_worker("ours", args, extra + extra_engine + ["--sparse-k", str(args.sparse_k)],
+                                         results_dir / "ours-sparse.json")
+                timings["ours_sparse_s"] = time.perf_counter() - t0
 
     meta = {"threads": args.threads, "gen": args.gen, "prefill": args.prefill, "contexts": args.contexts,
             "cpus": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -389,14 +413,15 @@ def main(argv=None) -> int:
         meta["machine"] = model_name
     except (OSError, StopIteration):
         pass
-    text, tables = report(ours, llamas, args.contexts, meta)
+    text, tables = report(ours, llamas, args.contexts, meta, ours_sparse)
     print(text)
     print("\nstep times: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()))
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, **tables, "timings_s": timings,
-                                         "ours": ours, "llamacpp": llamas}, indent=1))
+                                         "ours": ours, "ours_sparse": ours_sparse,
+                                         "llamacpp": llamas}, indent=1))
         log(f"wrote {args.json}")
-    failed = (ours is not None and "error" in ours) or any("error" in r for r in llamas.values())
+    failed = any(r is not None and "error" in r for r in (ours, ours_sparse)) or any("error" in r for r in llamas.values())
     return 1 if failed else 0
 
 

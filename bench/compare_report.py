@@ -9,13 +9,18 @@ TARGETS = {
     4096: (0.55, "<= 0.55x llama.cpp (was 147 ms)"),
 }
 PREFILL_TARGET = (1.00, ">= 1.00x llama.cpp (was 82 tok/s)")
+# Block-sparse decode (long-context issue): against llama.cpp at the same context, and the
+# plateau of our own sparse attention time from 2048 to 8192.
+SPARSE_TARGETS = {8192: (0.45, "<= 0.45x llama.cpp")}
+PLATEAU = (2048, 8192, 1.5)
 
 
 def _fmt(x, spec=".1f", none="-"):
     return none if x is None or x != x else format(x, spec)
 
 
-def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta: dict) -> tuple[str, dict]:
+def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta: dict,
+           ours_sparse: dict | None = None) -> tuple[str, dict]:
     ref_name = next(iter(llamas), None)   # the first --llama-configs entry
     ref = llamas.get(ref_name) if ref_name else None
     others = [k for k in llamas if k != ref_name and "error" not in llamas[k]]
@@ -83,6 +88,37 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
                "target_ratio": PREFILL_TARGET[0], "target_met": None if pr is None else pr >= PREFILL_TARGET[0],
                **{f"llamacpp_{k}_tokens_per_s": llamas[k]["prefill"]["tokens_per_s"] for k in others}}
 
+    sparse = {}
+    if ours_sparse and "error" not in ours_sparse:
+        k = ours_sparse.get("sparse_k")
+        head = (f"{'context':>8} | {'sparse ms/tok':>13} | {'vs llama.cpp':>12} | {'vs exact':>8} | "
+                f"{'sparse attn ms':>14} | {'exact attn ms':>13} | target")
+        lines += ["", f"block-sparse decode (ours, k={k}, block 32, probe 8) against llama.cpp "
+                      f"[{ref_name}] and our exact attention:", head, "-" * len(head)]
+        sparse_rows = []
+        for n in contexts:
+            s_ms, l_ms, o_ms = dec(ours_sparse, n), dec(ref, n), dec(ours, n)
+            sa, oa = dec(ours_sparse, n, "attn_ms_per_token"), dec(ours, n, "attn_ms_per_token")
+            r_l = s_ms / l_ms if s_ms and l_ms else None
+            r_o = s_ms / o_ms if s_ms and o_ms else None
+            target = SPARSE_TARGETS.get(n)
+            verdict = "" if not target or r_l is None else (" MET" if r_l <= target[0] else " MISSED")
+            lines.append(f"{n:>8} | {_fmt(s_ms):>13} | {_fmt(r_l, '.2f') + ('x' if r_l else ''):>12} | "
+                         f"{_fmt(r_o, '.2f') + ('x' if r_o else ''):>8} | {_fmt(sa):>14} | {_fmt(oa):>13} | "
+                         f"{(target[1] if target else '-')}{verdict}")
+            sparse_rows.append({"context": n, "sparse_ms_per_token": s_ms, "ratio_llamacpp": r_l,
+                                "ratio_exact": r_o, "sparse_attn_ms_per_token": sa,
+                                "exact_attn_ms_per_token": oa,
+                                "target_ratio": target[0] if target else None,
+                                "target_met": (r_l <= target[0]) if target and r_l is not None else None})
+        lo, hi, limit = PLATEAU
+        a_lo, a_hi = dec(ours_sparse, lo, "attn_ms_per_token"), dec(ours_sparse, hi, "attn_ms_per_token")
+        plateau = a_hi / a_lo if a_lo and a_hi else None
+        if plateau is not None:
+            lines.append(f"sparse attention plateau: {a_hi:.1f} ms at {hi} / {a_lo:.1f} ms at {lo} = "
+                         f"{plateau:.2f}x | target <= {limit}x {'MET' if plateau <= limit else 'MISSED'}")
+        sparse = {"k": k, "rows": sparse_rows, "plateau_ratio": plateau, "plateau_target": limit}
+
     memory = {}
     if ours and "error" not in ours:
         w, kvc = ours["weight_bytes"], ours["kv_capacity_bytes"]
@@ -105,20 +141,21 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
         lines.append(f"llama.cpp memory: RSS after load {ref['rss_after_load'] / MB:.0f} MiB "
                      f"(n_ctx {ref['n_ctx']}), peak at the end {ref['end_peak_rss'] / MB:.0f} MiB")
     load_lines = []
-    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
+    runs = [("ours", ours), ("ours sparse", ours_sparse), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]
+    for name, res in runs:
         if res and "loadavg_before" in res:
             load_lines.append(f"{name}: {res['wall_s']:.0f} s, load average "
                               f"{res['loadavg_before'][0]:.2f} before / {res['loadavg_after'][0]:.2f} after")
     if load_lines:
         busiest = max(max(r["loadavg_before"][0], r["loadavg_after"][0])
-                      for r in [ours, *llamas.values()] if r and "loadavg_before" in r)
+                      for _, r in runs if r and "loadavg_before" in r)
         verdict = (f"MEASURED UNDER LOAD (load average up to {busiest:.1f} on {meta['cpus']} CPUs, "
                    f"{meta['threads']} of them ours): other processes shared the cores, the numbers are "
                    "noisy, and as the engines ran one after the other under different loads, the ratios "
                    "and MET/MISSED verdicts are not evidence"
                    if busiest > meta["threads"] + 0.5 else "the machine was otherwise quiet")
         lines += ["", f"runs: {verdict}"] + ["  " + x for x in load_lines]
-    for name, res in [("ours", ours), *((f"llama.cpp [{k}]", v) for k, v in llamas.items())]:
+    for name, res in runs:
         if res and "error" in res:
             lines.append(f"{name}: NOT MEASURED: {res['error']}")
-    return "\n".join(lines), {"rows": rows, "prefill": prefill, "memory": memory}
+    return "\n".join(lines), {"rows": rows, "prefill": prefill, "memory": memory, "sparse": sparse}

@@ -63,7 +63,32 @@ class Runtime:
             self.ready_event.set()
             return
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
+        self._selftest()
         self._serve(engine)
+
+    def _selftest(self) -> None:
+        """The kernels against their portable twins (~0.3 s), for appliance_selftest_ok.
+
+        Serving goes on either way: the fleet alert, not a dead board, is the answer to a
+        failure here (Ansible's selftest already refused to start a release that fails it).
+        """
+        import os
+        if os.environ.get("APPLIANCE_KERNELS") == "numpy":
+            return                       # the numpy twin: no compiled kernels to check
+        from appliance.selftest import selftest_report
+        try:
+            report = selftest_report()
+        except Exception as e:           # not built, or a check crashed: a fail, said plainly
+            log.error("kernel selftest could not run: %s", e)
+            self.metrics.set_selftest(False)
+            return
+        failed = [c["name"] for c in report["checks"] if not c["ok"]]
+        if report["ok"]:
+            log.info("kernel selftest ok (%s path)", report["kernel_path"])
+        else:
+            log.error("kernel selftest FAILED (%s path): %s", report["kernel_path"],
+                      report.get("problem") or ", ".join(failed))
+        self.metrics.set_selftest(report["ok"])
 
     def _serve(self, engine) -> None:
         from appliance.scheduler import Scheduler

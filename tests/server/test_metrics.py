@@ -41,7 +41,7 @@ def test_named_series_present(idle_server, model_id):
         "appliance_decode_context_tokens_bucket",
         "appliance_thermal_zone_temperature_celsius", "appliance_cpu_frequency_hertz",
         "appliance_cpu_frequency_max_hertz", "appliance_cpu_throttled", "appliance_cpu_throttled_seconds_total",
-        "appliance_model_info", "appliance_build_info",
+        "appliance_model_info", "appliance_build_info", "appliance_selftest_ok",
     ]:
         assert name in names, name
     les = sorted(float(dict(lbl)["le"]) for name, lbl in m if name == "appliance_decode_token_seconds_bucket")
@@ -52,6 +52,35 @@ def test_named_series_present(idle_server, model_id):
     assert info["model"] == model_id and info["weights"] == "q8" and info["kv"] == "q8"
     assert m[("appliance_kv_cache_capacity_blocks", ())] > 0
     assert m[("appliance_requests_total", (("outcome", "length"),))] >= 2
+    assert m[("appliance_selftest_ok", ())] == 1          # the start-up selftest of this build passed
+
+
+def _selftest_gauge(metrics) -> float:
+    text = metrics.render()[0].decode()
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("appliance_selftest_ok ")))
+
+
+@pytest.mark.parametrize("outcome", ["ok", "disagrees", "crashes"])
+def test_start_up_selftest_sets_the_gauge_the_fleet_alert_reads(monkeypatch, outcome):
+    import math
+
+    from appliance import selftest
+    from appliance.config import Settings
+    from appliance.metrics import Metrics
+    from appliance.server.runtime import Runtime
+
+    def fake_report():
+        if outcome == "crashes":
+            raise ImportError("no _kernels")
+        return {"ok": outcome == "ok", "kernel_path": "avx2",
+                "checks": [{"name": "gemm_q8", "ok": outcome == "ok", "detail": "-"}]}
+
+    monkeypatch.delenv("APPLIANCE_KERNELS", raising=False)
+    monkeypatch.setattr(selftest, "selftest_report", fake_report)
+    runtime = Runtime(Settings(sysfs_root="/nonexistent"), metrics=Metrics(process_metrics=False))
+    assert math.isnan(_selftest_gauge(runtime.metrics))          # no verdict before it ran
+    runtime._selftest()
+    assert _selftest_gauge(runtime.metrics) == (1.0 if outcome == "ok" else 0.0)
 
 
 PROM_CONFIG = """
