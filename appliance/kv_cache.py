@@ -89,6 +89,33 @@ class PagedKVCache:
             self.k_scale = self.v_scale = None
         # Lowest ids first: a fresh pool fills from the start of the arrays.
         self._free = list(range(self.n_blocks - 1, -1, -1))
+        self.probe_k = self.probe_k_scale = None     # see enable_probe_rows
+        self.probe_step = 0
+
+    def enable_probe_rows(self, probe: int) -> None:
+        """Keep a compact copy of the K rows block-sparse attention probes in full blocks.
+
+        The probe samples rows 0, step, 2*step, ... (step = block_size // probe) of every
+        block; in place they are every step-th row of a 4 KB slab, and striding through them
+        made the hardware fetch almost all of K (0.83 ms per layer at 8K context, as slow as
+        reading it). The copy puts them side by side: probe_k[layer] is laid out like k[layer]
+        with ceil(block_size / step) rows per slab, written with the same quantizer, so the
+        scores are bit for bit those of the strided read. Costs 1/step of K's bytes.
+        """
+        step = self.block_size // probe if probe >= 1 else 0
+        if step < 1:
+            raise ValueError(f"probe must be between 1 and the block size {self.block_size}, not {probe}")
+        rows = -(-self.block_size // step)
+        self.probe_step = step
+        self.probe_k = np.zeros(self.k.shape[:3] + (rows,) + self.k.shape[4:], self.k.dtype)
+        if self.k_scale is not None:
+            self.probe_k_scale = np.zeros(self.k_scale.shape[:3] + (rows,) + self.k_scale.shape[4:], np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pool's arrays (committed by the OS only as they are written)."""
+        arrays = (self.k, self.v, self.k_scale, self.v_scale, self.probe_k, self.probe_k_scale)
+        return sum(a.nbytes for a in arrays if a is not None)
 
     # ---- accounting -------------------------------------------------------
     @property
@@ -128,13 +155,25 @@ class PagedKVCache:
         if _kvops is None:
             return self.write_reference(layer, seq, start, k, v)
         t = k.shape[0]
+        bs = self.block_size
         pos = np.arange(start, start + t)
-        blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // self.block_size]
-        slots = blocks * self.block_size + (pos % self.block_size).astype(np.int32)
+        if t == 1:   # decode: skip turning the whole block list into an array, once per layer
+            blocks = np.array([seq.blocks[start // bs]], dtype=np.int32)
+        else:
+            blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // bs]
+        slots = blocks * bs + (pos % bs).astype(np.int32)
         ks = self.k_scale[layer] if self.k_scale is not None else None
         vs = self.v_scale[layer] if self.v_scale is not None else None
         _kvops.kv_store(self.kind, k, slots, self.k[layer], ks)
         _kvops.kv_store(self.kind, v, slots, self.v[layer], vs)
+        if self.probe_k is not None and (t > 1 or (start % bs) % self.probe_step == 0):
+            offset = pos % bs
+            sampled = offset % self.probe_step == 0
+            if sampled.any():
+                rows = self.probe_k.shape[3]
+                pslots = blocks[sampled] * rows + (offset[sampled] // self.probe_step).astype(np.int32)
+                pks = self.probe_k_scale[layer] if self.probe_k_scale is not None else None
+                _kvops.kv_store(self.kind, np.ascontiguousarray(k[sampled]), pslots, self.probe_k[layer], pks)
 
     def write_reference(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """The numpy definition of `write` (appliance.quant), used where _kvops is not built."""

@@ -106,6 +106,27 @@ def attention_f32(q, k, v, table, blockpos, count, qpos, scale, out=None, path="
     return _attention(q, k, v, table, blockpos, count, qpos, scale, "f32", out)
 
 
+def attention_probe(kind, q, k, ks, table, count, probe, scale, pk=None, pks=None, path="simd", threads=0):
+    """Block-sparse probe scores float32[n_kv, nblocks] (kernels.h); pk/pks hold the same values
+    as k's sampled rows, so the definition reads k alone."""
+    r_len, hq, hd = q.shape
+    n_kv = k.shape[1]
+    group = hq // n_kv
+    if kind != "f32":
+        qq, qd = quant.quantize_rows_q8(q.reshape(-1, hd))
+        q = (qq.reshape(-1, hd // quant.QK, quant.QK) * qd[..., None]).reshape(q.shape)
+    keys = _dequantize_kv(k, ks, kind)
+    probe = max(1, probe)
+    out = np.full((n_kv, len(table)), -np.inf, np.float32)
+    for h in range(n_kv):
+        qh = q[:, h * group:(h + 1) * group].reshape(-1, hd)
+        for i, (b, c) in enumerate(zip(table, count)):
+            rows = keys[b, h, 0:c:max(1, c // probe)]
+            if len(rows):
+                out[h, i] = np.float32((qh @ rows.T).max() * scale)
+    return out
+
+
 _threads = 1
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from .attention import ExactAttention
 from .kv_cache import PagedKVCache
 from .models.base import Batch, Segment
+from .ops import kernels
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class SparseAttention(ExactAttention):
         self._kernels = _kvops
         self.config = config
         self.n_layers = n_layers
+        if _kvops is not None and config.block // config.probe >= 1:
+            cache.enable_probe_rows(config.probe)
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
         out = np.empty(q.shape, np.float32)
@@ -116,7 +119,7 @@ class SparseAttention(ExactAttention):
             return
         scores = self._probe(layer, np.ascontiguousarray(q), seg.table, seg.count)
         importance = seg.blocks.importance[layer] if seg.blocks.importance is not None else None
-        chosen = select_blocks(scores, block_importance(importance, nb, self.config.block), self.config.k)
+        chosen = self._kernels.select(scores, block_importance(importance, nb, self.config.block), self.config.k)
         self._attend_chosen(layer, q, seg, out, chosen, seg.table, seg.count)
 
     # ---- prefill -----------------------------------------------------------
@@ -145,7 +148,7 @@ class SparseAttention(ExactAttention):
                 older = visible - 2
                 scores = self._probe(layer, qc.mean(axis=0, keepdims=True), table[:older], count[:older])
                 chosen = np.ones((scores.shape[0], visible), dtype=bool)
-                chosen[:, :older] = select_blocks(scores, None, self.config.k - 2)
+                chosen[:, :older] = self._kernels.select(scores, None, self.config.k - 2)
                 tables = self._attend_chosen(layer, qc, sub, out[chunk], chosen, table, count)
                 if importance is not None:
                     self._record(layer, qc, sub, *tables, importance)
@@ -155,7 +158,11 @@ class SparseAttention(ExactAttention):
     def _probe(self, layer: int, q: np.ndarray, table: np.ndarray, count: np.ndarray) -> np.ndarray:
         c = self.cache
         ks = c.k_scale[layer] if c.k_scale is not None else None
-        return self._kernels.probe(c.kind, q, c.k[layer], ks, table, count, self.config.probe, self.scale)
+        pk = c.probe_k[layer] if c.probe_k is not None else None
+        pks = c.probe_k_scale[layer] if c.probe_k_scale is not None else None
+        # The SIMD path's scores (kernels.h); _kvops.probe is their plain-C reference.
+        return kernels.attention_probe(c.kind, q, c.k[layer], ks, table, count, self.config.probe,
+                                       self.scale, pk=pk, pks=pks)
 
     def _attend_chosen(self, layer, q, seg, out, chosen, table, count):
         """Exact attention over each head's chosen blocks; returns the per-head (table, blockpos, count)."""

@@ -73,6 +73,15 @@ void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, 
                            table_stride, qpos, scale, out, nthreads);
 }
 
+void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                          int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                          const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                          int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
+{
+    attention_probe_portable(kind, q, R, n_kv, group, hd, k, ks, bs, pk, pks, pbs, table, count, nblocks,
+                             probe, scale, scores, nthreads);
+}
+
 #endif /* !KERNELS_HAVE_SIMD */
 
 const char *kernel_path(void)

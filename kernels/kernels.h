@@ -110,6 +110,20 @@ void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, 
                         const int32_t *count, int64_t nsel, int64_t table_stride,
                         const int32_t *qpos, float scale, float *out, int nthreads);
 
+/* Block-sparse probe scores (ENGINE.md "Block-sparse attention"; the semantics and the compact
+ * copy pk/pks of the sampled rows are documented at sparse_probe_compact in sparse_attention.h,
+ * whose plain-C version is the reference of the tests). kind: 0 q8, 1 q4, 2 f32 cache.
+ * q float[R, n_kv*group, hd]; scores float[n_kv, nblocks], already times `scale`. pk == NULL
+ * reads every block's sampled rows from k. Parallel over kv heads.                       */
+void attention_probe_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                              int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                              const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                              int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads);
+void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                          int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                          const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                          int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads);
+
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */
 int kernel_cpu_supported(void);       /* 1 if this CPU runs the compiled SIMD path (AT_HWCAP / cpuid) */

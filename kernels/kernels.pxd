@@ -60,6 +60,15 @@ cdef extern from "kernels.h" nogil:
                             const int32_t *count, int64_t nsel, int64_t table_stride,
                             const int32_t *qpos, float scale, float *out, int nthreads)
 
+    void attention_probe_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                  int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                                  const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                                  int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
+    void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                              int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                              const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                              int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
+
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()
     const char *kernel_cpu_features()

@@ -442,6 +442,90 @@ def attention_f32(q, k, v, table, blockpos, count, qpos, float scale, out=None, 
                       threads)
 
 
+def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk=None, pks=None,
+                    path="simd", int threads=0):
+    """float32[n_kv, nblocks] block-sparse probe scores over one cache layer (kernels.h).
+
+    kind "q8" | "q4" | "f32"; q float32[R, Hq, hd]; k, ks the layer's K arrays as in
+    attention_*; table, count int32[nblocks]; pk, pks the layer's compact copy of the probed
+    rows (PagedKVCache.enable_probe_rows), read for full blocks, or None.
+    """
+    cdef int c_kind
+    if kind == "q8":
+        c_kind = ATTN_Q8
+    elif kind == "q4":
+        c_kind = ATTN_Q4
+    elif kind == "f32":
+        c_kind = ATTN_F32
+    else:
+        raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
+    cdef bint simd = _use_simd(path)
+    _check(q, "q", cnp.NPY_FLOAT32, 3, 0, "float32 [R, Hq, hd]")
+    want = {ATTN_Q8: (cnp.NPY_INT8, "int8"), ATTN_Q4: (cnp.NPY_UINT8, "uint8"),
+            ATTN_F32: (cnp.NPY_FLOAT32, "float32")}[c_kind]
+    _check(k, "k", want[0], 4, 0, f"{want[1]} [nblk, n_kv, bs, row]")
+    cdef Py_ssize_t R = _dim(q, 0), Hq = _dim(q, 1), hd = _dim(q, 2)
+    cdef Py_ssize_t nblk = _dim(k, 0), n_kv = _dim(k, 1), bs = _dim(k, 2)
+    if hd <= 0 or hd % QK:
+        raise ValueError(f"q: head_dim {hd} must be a positive multiple of {QK}")
+    if n_kv <= 0 or Hq % n_kv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {n_kv} kv heads")
+    _check_dim(_dim(k, 3), hd // 2 if c_kind == ATTN_Q4 else hd, "k.shape[3]")
+    if c_kind != ATTN_F32:
+        _check(ks, "ks", cnp.NPY_FLOAT32, 3 if c_kind == ATTN_Q8 else 4, 0, "float32 K scales")
+        if tuple(ks.shape[:3]) != (nblk, n_kv, bs):
+            raise ValueError(f"ks has shape {ks.shape}, k has {k.shape}")
+    cdef Py_ssize_t pbs = 0
+    if pk is not None:
+        if probe < 1 or bs // probe < 1:
+            raise ValueError(f"compact probe rows need 1 <= probe <= block size {bs}")
+        pbs = (bs + bs // probe - 1) // (bs // probe)   # ceil; C division here (cdivision)
+        _check(pk, "pk", want[0], 4, 0, f"{want[1]} [nblk, n_kv, {pbs}, row]")
+        if tuple(pk.shape) != (nblk, n_kv, pbs, k.shape[3]):
+            raise ValueError(f"pk has shape {pk.shape}: not the compact probe rows of k {k.shape} "
+                             f"for probe {probe}")
+        if c_kind != ATTN_F32:
+            _check(pks, "pks", cnp.NPY_FLOAT32, ks.ndim, 0, "float32 compact K scales")
+            if tuple(pks.shape) != (nblk, n_kv, pbs) + tuple(ks.shape[3:]):
+                raise ValueError(f"pks has shape {pks.shape}, pk has {pk.shape}")
+    _check(table, "table", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
+    _check(count, "count", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
+    cdef Py_ssize_t nblocks = _dim(table, 0)
+    _check_dim(_dim(count, 0), nblocks, "count.shape[0]")
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    cdef Py_ssize_t i
+    for i in range(nblocks):
+        if tp[i] < 0 or tp[i] >= nblk or cp[i] < 0 or cp[i] > bs:
+            raise ValueError(f"table/count entry {i} ({tp[i]}, {cp[i]}) is out of range for this cache")
+    out = np.empty((n_kv, nblocks), np.float32)
+    if nblocks == 0 or R == 0:
+        out.fill(-np.inf)
+        return out
+    cdef const float *qp = <const float *>_data(q)
+    cdef const void *kp = _data(k)
+    cdef const float *ksp = NULL
+    cdef const void *pkp = NULL
+    cdef const float *pksp = NULL
+    if c_kind != ATTN_F32:
+        ksp = <const float *>_data(ks)
+    if pk is not None:
+        pkp = _data(pk)
+        if c_kind != ATTN_F32:
+            pksp = <const float *>_data(pks)
+    cdef float *op = <float *>_data(out)
+    cdef Py_ssize_t group = Hq // n_kv
+    cdef int nt = threads
+    with nogil:
+        if simd:
+            attention_probe_simd(c_kind, qp, R, n_kv, group, hd, kp, ksp, bs, pkp, pksp, pbs, tp, cp,
+                                 nblocks, probe, scale, op, nt)
+        else:
+            attention_probe_portable(c_kind, qp, R, n_kv, group, hd, kp, ksp, bs, pkp, pksp, pbs, tp, cp,
+                                     nblocks, probe, scale, op, nt)
+    return out
+
+
 # ---- fp16 helpers (the portable bit manipulation, exposed for tests) -------------------
 
 def fp16_to_fp32(h):

@@ -21,6 +21,12 @@ cdef extern from "sparse_attention.h" nogil:
                       const void *k, const float *ks, int64_t bs, const int32_t *table,
                       const int32_t *count, int64_t nblocks, int64_t probe, float scale,
                       float *scores, int nthreads)
+    void sparse_probe_compact(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd,
+                              const void *k, const float *ks, int64_t bs, const void *pk, const float *pks,
+                              int64_t pbs, const int32_t *table, const int32_t *count, int64_t nblocks,
+                              int64_t probe, float scale, float *scores, int nthreads)
+    void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
+                       uint8_t *chosen)
     void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
                            const void *k, const float *ks, int64_t bs, const int32_t *table,
                            const int32_t *blockpos, const int32_t *count, int64_t nsel,
@@ -83,9 +89,32 @@ cdef tuple _cache_args(str kind, object q, object k, object ks):
     return n_kv, q.shape[1] // n_kv, hd, bs
 
 
-def probe(str kind, q, k, ks, table, count, int probe, float scale, int threads=0):
-    """float32[n_kv, nblocks] block scores (see sparse_attention.h)."""
+def probe(str kind, q, k, ks, table, count, int probe, float scale, int threads=0, pk=None, pks=None):
+    """float32[n_kv, nblocks] block scores (see sparse_attention.h).
+
+    pk, pks: the layer's compact copy of the probed rows (PagedKVCache.enable_probe_rows), read
+    for full blocks instead of the strided rows of k (the same values: the same scores)."""
     n_kv, group, hd, bs = _cache_args(kind, q, k, ks)
+    cdef int64_t pbs = 0
+    cdef cnp.ndarray pka
+    cdef const void *pkp = NULL
+    cdef const float *pksp = NULL
+    cdef cnp.ndarray pksa
+    if pk is not None:
+        if probe < 1 or bs // probe < 1:
+            raise ValueError(f"compact probe rows need 1 <= probe <= block size {bs}")
+        if (pk.dtype != k.dtype or pk.ndim != 4 or not pk.flags.c_contiguous or pk.shape[0] != k.shape[0]
+                or pk.shape[1] != n_kv or pk.shape[2] != (bs + bs // probe - 1) // (bs // probe) or pk.shape[3] != k.shape[3]):
+            raise ValueError("pk must be the compact probe rows of this cache layer")
+        if kind != "f32" and (pks is None or pks.dtype != np.float32 or not pks.flags.c_contiguous
+                              or pks.shape[:3] != pk.shape[:3]):
+            raise ValueError("pks must be the float32 scales of the compact probe rows")
+        pka = pk
+        pkp = <const void *>pka.data
+        pbs = pk.shape[2]
+        if kind != "f32":
+            pksa = pks
+            pksp = <const float *>pksa.data
     cdef cnp.ndarray[int32_t, ndim=1, mode="c"] tab = np.ascontiguousarray(table, dtype=np.int32)
     cdef cnp.ndarray[int32_t, ndim=1, mode="c"] cnt = np.ascontiguousarray(count, dtype=np.int32)
     if tab.shape[0] != cnt.shape[0]:
@@ -103,10 +132,31 @@ def probe(str kind, q, k, ks, table, count, int probe, float scale, int threads=
     cdef int c_kind = KINDS[kind]
     cdef int64_t R = q.shape[0], nblocks = tab.shape[0], c_nkv = n_kv, c_group = group, c_hd = hd, c_bs = bs
     with nogil:
-        sparse_probe(c_kind, <const float *>qa.data, R, c_nkv, c_group, c_hd, <const void *>ka.data, ksp,
-                     c_bs, &tab[0] if nblocks else NULL, &cnt[0] if nblocks else NULL, nblocks, probe,
-                     scale, &out[0, 0] if nblocks else NULL, threads)
+        sparse_probe_compact(c_kind, <const float *>qa.data, R, c_nkv, c_group, c_hd, <const void *>ka.data,
+                             ksp, c_bs, pkp, pksp, pbs, &tab[0] if nblocks else NULL,
+                             &cnt[0] if nblocks else NULL, nblocks, probe, scale,
+                             &out[0, 0] if nblocks else NULL, threads)
     return out
+
+
+def select(scores, importance, int k):
+    """bool[n_kv, nb] chosen blocks: the C twin of appliance.sparse.select_blocks."""
+    cdef cnp.ndarray[float, ndim=2, mode="c"] sc = np.ascontiguousarray(scores, dtype=np.float32)
+    cdef int64_t n_kv = sc.shape[0], nb = sc.shape[1]
+    cdef cnp.ndarray[float, ndim=1, mode="c"] imp
+    cdef const float *impp = NULL
+    if importance is not None:
+        imp = np.ascontiguousarray(importance, dtype=np.float32)
+        if imp.shape[0] < nb:
+            raise ValueError(f"importance has {imp.shape[0]} blocks, scores {nb}")
+        impp = &imp[0] if nb else NULL
+    if k < 0:
+        k = 0          # a budget below zero chooses nothing, as select_blocks does
+    cdef cnp.ndarray[uint8_t, ndim=2, mode="c"] out = np.empty((n_kv, nb), np.uint8)
+    if n_kv and nb:
+        with nogil:
+            sparse_select(&sc[0, 0], n_kv, nb, impp, k, &out[0, 0])
+    return out.view(bool)
 
 
 def importance(str kind, q, k, ks, table, blockpos, count, qpos, float scale, cnp.ndarray acc, int threads=0):

@@ -70,6 +70,15 @@ void sparse_probe(int kind, const float *q, int64_t R, int64_t n_kv, int64_t gro
                   const int32_t *count, int64_t nblocks, int64_t probe, float scale,
                   float *scores, int nthreads)
 {
+    sparse_probe_compact(kind, q, R, n_kv, group, hd, k, ks, bs, NULL, NULL, 0, table, count, nblocks,
+                         probe, scale, scores, nthreads);
+}
+
+void sparse_probe_compact(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd,
+                          const void *k, const float *ks, int64_t bs, const void *pk, const float *pks,
+                          int64_t pbs, const int32_t *table, const int32_t *count, int64_t nblocks,
+                          int64_t probe, float scale, float *scores, int nthreads)
+{
     const int64_t nq = R * n_kv * group;   /* query rows, each float[hd] */
     const int64_t nb = hd / QK;
     int8_t *qq = malloc((size_t)(nq * hd));
@@ -92,14 +101,19 @@ void sparse_probe(int kind, const float *q, int64_t R, int64_t n_kv, int64_t gro
         const int64_t h = pair / nblocks, i = pair % nblocks;
         const int64_t n = count[i];
         const int64_t step = n / probe > 1 ? n / probe : 1;
-        const int64_t row0 = slab_row(table[i], h, n_kv, bs);
+        /* A full block's sampled rows j = 0, step, ... are rows j / step of its compact slab. */
+        const int compact = pk != NULL && n == bs;
+        const void *src = compact ? pk : k;
+        const float *src_s = compact ? pks : ks;
+        const int64_t row0 = compact ? slab_row(table[i], h, n_kv, pbs) : slab_row(table[i], h, n_kv, bs);
         float best = -INFINITY;
         for (int64_t j = 0; j < n; j += step) {
+            const int64_t row = row0 + (compact ? j / step : j);
             for (int64_t r = 0; r < R; r++) {
                 for (int64_t g = 0; g < group; g++) {
                     const int64_t qi = (r * n_kv + h) * group + g;
                     const float s = row_dot(kind, qq + qi * hd, qd + qi * nb, q + qi * hd,
-                                            k, ks, row0 + j, hd);
+                                            src, src_s, row, hd);
                     best = s > best ? s : best;
                 }
             }
@@ -174,4 +188,74 @@ void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_
             importance[p] += local[(size_t)th * (size_t)n_positions + p];
     free(local);
     (void)nb;
+}
+
+/* Order of candidate blocks: higher score first, ties to the lower index (a stable sort). */
+typedef struct {
+    float score;
+    int32_t index;
+} ranked_t;
+
+static int by_score_then_index(const void *a, const void *b)
+{
+    const ranked_t *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
+                   uint8_t *chosen)
+{
+    if (k >= nb) {
+        memset(chosen, 1, (size_t)(n_kv * nb));
+        return;
+    }
+    memset(chosen, 0, (size_t)(n_kv * nb));
+    ranked_t *order = malloc((size_t)nb * sizeof(ranked_t));
+    uint8_t *reserved = calloc((size_t)nb, 1);
+    if (order == NULL || reserved == NULL) {   /* out of memory: fall back to every block */
+        free(order);
+        free(reserved);
+        memset(chosen, 1, (size_t)(n_kv * nb));
+        return;
+    }
+    int64_t n_reserved = 0;
+    int any = 0;
+    for (int64_t i = 0; importance != NULL && i < nb; i++)
+        any |= importance[i] > 0.0f;
+    if (any) {
+        for (int64_t i = 0; i < nb; i++) {
+            order[i].score = importance[i];
+            order[i].index = (int32_t)i;
+        }
+        qsort(order, (size_t)nb, sizeof(ranked_t), by_score_then_index);
+        n_reserved = (k + 1) / 2 < nb ? (k + 1) / 2 : nb;
+        for (int64_t i = 0; i < n_reserved; i++)
+            reserved[order[i].index] = 1;
+    }
+    const int64_t remaining = k - n_reserved;
+    for (int64_t h = 0; h < n_kv; h++) {
+        const float *sh = scores + h * nb;
+        uint8_t *ch = chosen + h * nb;
+        int64_t n = 0;
+        for (int64_t i = 0; i < nb; i++)
+            if (!reserved[i]) {
+                order[n].score = sh[i];
+                order[n].index = (int32_t)i;
+                n++;
+            }
+        qsort(order, (size_t)n, sizeof(ranked_t), by_score_then_index);
+        const int64_t take = remaining < n ? remaining : n;
+        for (int64_t i = 0; i < take; i++)
+            ch[order[i].index] = 1;
+        for (int64_t i = 0; i < nb; i++)
+            ch[i] |= reserved[i];
+        if (take > 0 && !ch[nb - 1]) {   /* recency: the last block replaces the weakest pick */
+            ch[order[take - 1].index] = 0;
+            ch[nb - 1] = 1;
+        }
+    }
+    free(order);
+    free(reserved);
 }

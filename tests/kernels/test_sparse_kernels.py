@@ -111,3 +111,106 @@ def test_kv_store_equals_numpy_reference(kind):
     for name in ("k", "v", "k_scale", "v_scale"):
         if getattr(fast, name) is not None:
             np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name))
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+@pytest.mark.parametrize("probe", [1, 3, 8, 32])
+def test_compact_probe_rows_give_the_strided_scores_bit_for_bit(kind, probe):
+    """The cache's compact copy of the probed rows (full blocks) against probing the cache itself,
+    after writes of one token, a chunk, and a chunk crossing blocks (a partial block stays strided)."""
+    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    rng = np.random.default_rng(probe)
+    n_kv, group, hd = 2, 2, 64
+    cache = PagedKVCache(1, n_kv, hd, kind=kind, capacity_tokens=32 * 8)
+    cache.enable_probe_rows(probe)
+    seq = SequenceBlocks()
+    cache.reserve(seq, 32 * 5)
+    seq.blocks = seq.blocks[::-1]                       # scattered physical blocks
+    pos = 0
+    for n in (1, 40, 7, 61, 13):                        # ends inside block 3 (122 tokens)
+        x = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
+        cache.write(0, seq, pos, x, x)
+        pos += n
+    seq.length = pos
+    table, _, count = seq.views(32)
+    assert count.tolist() == [32, 32, 32, 26]
+    q = rng.standard_normal((1, n_kv * group, hd)).astype(np.float32)
+    ks = cache.k_scale[0] if cache.k_scale is not None else None
+    strided = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
+    pks = cache.probe_k_scale[0] if cache.probe_k_scale is not None else None
+    compact = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, pk=cache.probe_k[0], pks=pks)
+    assert np.array_equal(strided, compact)
+    with pytest.raises(ValueError):
+        _sparse.probe(kind, q, cache.k[0], ks, table, count, probe * 2 if probe < 32 else 1, 0.125,
+                      pk=cache.probe_k[0], pks=pks)          # rows of another probe count
+
+
+def _reference_select(scores, importance, k):
+    from appliance.sparse import select_blocks
+    return select_blocks(scores, importance, k)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_select_equals_the_numpy_definition(seed):
+    rng = np.random.default_rng(seed)
+    n_kv, nb = int(rng.integers(1, 5)), int(rng.integers(1, 70))
+    k = int(rng.integers(-1, nb + 3))             # -1: prefill's k - 2 for k = 1
+    # few distinct values: many ties, which must go to the lower index in both
+    scores = rng.integers(-3, 3, (n_kv, nb)).astype(np.float32) if seed % 2 else \
+        rng.standard_normal((n_kv, nb)).astype(np.float32)
+    importance = None if seed % 3 == 0 else rng.integers(0, 4, nb).astype(np.float32) * (seed % 5 != 1)
+    got = _sparse.select(scores, importance, k)
+    want = _reference_select(scores, importance, k)
+    assert got.dtype == bool and np.array_equal(got, want), (k, nb)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+@pytest.mark.parametrize("probe", [1, 5, 8, 32])
+@pytest.mark.parametrize("compact", [False, True])
+def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, compact):
+    """kernels.attention_probe (SIMD and portable twins, on the attention score primitives) against
+    _kvops.probe (plain C) and reference_ops (numpy), with a partial block and scattered blocks."""
+    from appliance import _kernels, reference_ops
+    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    rng = np.random.default_rng(10 + probe)
+    n_kv, group, hd = 2, 3, 64
+    cache = PagedKVCache(1, n_kv, hd, kind=kind, capacity_tokens=32 * 8)
+    if compact:
+        cache.enable_probe_rows(probe)
+    seq = SequenceBlocks()
+    cache.reserve(seq, 32 * 6)
+    seq.blocks = [seq.blocks[i] for i in (4, 0, 5, 2, 1, 3)]
+    x = rng.standard_normal((170, n_kv, hd)).astype(np.float32)
+    cache.write(0, seq, 0, x, x)
+    seq.length = 170
+    table, _, count = seq.views(32)
+    q = rng.standard_normal((2, n_kv * group, hd)).astype(np.float32)
+    ks = cache.k_scale[0] if cache.k_scale is not None else None
+    pk = cache.probe_k[0] if compact else None
+    pks = cache.probe_k_scale[0] if compact and cache.probe_k_scale is not None else None
+    plain = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
+    numpy_ = reference_ops.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
+    for path in ("simd", "portable"):
+        got = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, pk=pk, pks=pks,
+                                       path=path, threads=2)
+        np.testing.assert_allclose(got, plain, rtol=PROBE_RTOL, atol=1e-5, err_msg=path)
+        np.testing.assert_allclose(got, numpy_, rtol=PROBE_RTOL, atol=1e-5, err_msg=path)
+        again = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, pk=pk, pks=pks,
+                                         path=path, threads=1)
+        assert np.array_equal(got, again)                 # deterministic whatever the thread count
+
+
+def test_attention_probe_rejects_mismatched_arrays():
+    from appliance import _kernels
+    rng = np.random.default_rng(0)
+    kq, ks, _ = make_cache("q8", rng)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    table, count = np.array([0, 1], np.int32), np.array([32, 32], np.int32)
+    with pytest.raises(ValueError, match="kind"):
+        _kernels.attention_probe("q5", q, kq, ks, table, count, 8, 0.1)
+    with pytest.raises(ValueError, match="out of range"):
+        _kernels.attention_probe("q8", q, kq, ks, np.array([0, 99], np.int32), count, 8, 0.1)
+    with pytest.raises(ValueError, match="pk"):
+        _kernels.attention_probe("q8", q, kq, ks, table, count, 8, 0.1, pk=kq, pks=ks)
+    with pytest.raises(ValueError):
+        _kernels.attention_probe("q8", q[:, :3], kq, ks, table, count, 8, 0.1)
