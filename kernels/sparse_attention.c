@@ -190,18 +190,69 @@ void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_
     (void)nb;
 }
 
-/* Order of candidate blocks: higher score first, ties to the lower index (a stable sort). */
-typedef struct {
-    float score;
-    int32_t index;
-} ranked_t;
-
-static int by_score_then_index(const void *a, const void *b)
+/* The m-th largest of x[0..n) (1 <= m <= n), reordering x: Hoare's quickselect, O(n). */
+static float mth_largest(float *x, int64_t n, int64_t m)
 {
-    const ranked_t *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score > y->score ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
+    int64_t lo = 0, hi = n - 1;
+    const int64_t want = m - 1;          /* index of the answer in descending order */
+    while (lo < hi) {
+        const float pivot = x[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (x[i] > pivot)
+                i++;
+            while (x[j] < pivot)
+                j--;
+            if (i <= j) {
+                const float t = x[i];
+                x[i] = x[j];
+                x[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return x[want];
+    }
+    return x[want];
+}
+
+/* Mark in `mark` the m best entries of val[0..n) that `skip` does not exclude, best = higher value,
+ * ties to the lower index (what a stable descending sort takes first). Returns the index of the
+ * weakest one marked (the last a stable sort would take), or -1 if none. tmp: float[n]. */
+static int64_t mark_best(const float *val, const uint8_t *skip, int64_t n, int64_t m, uint8_t *mark,
+                         float *tmp)
+{
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (skip == NULL || !skip[i])
+            tmp[c++] = val[i];
+    if (m > c)
+        m = c;
+    if (m <= 0)
+        return -1;
+    const float v = mth_largest(tmp, c, m);
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((skip == NULL || !skip[i]) && val[i] > v)
+            above++;
+    int64_t ties = m - above, weakest = -1;   /* ties >= 1: v itself is among the m best */
+    for (int64_t i = 0; i < n; i++) {
+        if (skip != NULL && skip[i])
+            continue;
+        if (val[i] > v) {
+            mark[i] = 1;
+        } else if (val[i] == v && ties > 0) {
+            mark[i] = 1;
+            ties--;
+            weakest = i;
+        }
+    }
+    return weakest;
 }
 
 void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
@@ -212,10 +263,10 @@ void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *i
         return;
     }
     memset(chosen, 0, (size_t)(n_kv * nb));
-    ranked_t *order = malloc((size_t)nb * sizeof(ranked_t));
+    float *tmp = malloc((size_t)nb * sizeof(float));
     uint8_t *reserved = calloc((size_t)nb, 1);
-    if (order == NULL || reserved == NULL) {   /* out of memory: fall back to every block */
-        free(order);
+    if (tmp == NULL || reserved == NULL) {   /* out of memory: fall back to every block */
+        free(tmp);
         free(reserved);
         memset(chosen, 1, (size_t)(n_kv * nb));
         return;
@@ -225,37 +276,20 @@ void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *i
     for (int64_t i = 0; importance != NULL && i < nb; i++)
         any |= importance[i] > 0.0f;
     if (any) {
-        for (int64_t i = 0; i < nb; i++) {
-            order[i].score = importance[i];
-            order[i].index = (int32_t)i;
-        }
-        qsort(order, (size_t)nb, sizeof(ranked_t), by_score_then_index);
         n_reserved = (k + 1) / 2 < nb ? (k + 1) / 2 : nb;
-        for (int64_t i = 0; i < n_reserved; i++)
-            reserved[order[i].index] = 1;
+        mark_best(importance, NULL, nb, n_reserved, reserved, tmp);
     }
     const int64_t remaining = k - n_reserved;
     for (int64_t h = 0; h < n_kv; h++) {
-        const float *sh = scores + h * nb;
         uint8_t *ch = chosen + h * nb;
-        int64_t n = 0;
-        for (int64_t i = 0; i < nb; i++)
-            if (!reserved[i]) {
-                order[n].score = sh[i];
-                order[n].index = (int32_t)i;
-                n++;
-            }
-        qsort(order, (size_t)n, sizeof(ranked_t), by_score_then_index);
-        const int64_t take = remaining < n ? remaining : n;
-        for (int64_t i = 0; i < take; i++)
-            ch[order[i].index] = 1;
+        const int64_t weakest = mark_best(scores + h * nb, reserved, nb, remaining, ch, tmp);
         for (int64_t i = 0; i < nb; i++)
             ch[i] |= reserved[i];
-        if (take > 0 && !ch[nb - 1]) {   /* recency: the last block replaces the weakest pick */
-            ch[order[take - 1].index] = 0;
+        if (weakest >= 0 && !ch[nb - 1]) {   /* recency: the last block replaces the weakest pick */
+            ch[weakest] = 0;
             ch[nb - 1] = 1;
         }
     }
-    free(order);
+    free(tmp);
     free(reserved);
 }
