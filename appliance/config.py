@@ -47,7 +47,9 @@ class Settings:
     max_queue: int = 16               # requests waiting for a decode slot before 503
     max_batch: int = 8                # sequences decoded together in one step
     request_timeout: float = 600.0    # seconds from arrival to the last token
-    max_body_bytes: int = 1 << 20     # larger request bodies get 413
+    # Larger request bodies get 413. Room for one camera photo: a 10 MB image (images.py
+    # MAX_IMAGE_BYTES) is 13.4 MB as a base64 data URL.
+    max_body_bytes: int = 16 << 20
     image_url_hosts: str | None = None  # comma-separated hosts ("camera.local,*.lan") an image_url may fetch from; None: inline data: URLs only
     sysfs_root: str = "/sys"          # tests point this at a fake tree
     thermal_interval: float = 1.0     # seconds between thermal samples

@@ -108,3 +108,10 @@ def test_serve_reports_bad_settings(capsys):
     assert main(["--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "appliance serve: port: 0 is outside 1..65535"
+
+
+def test_default_body_limit_admits_the_largest_image_as_a_data_url():
+    """A camera photo up to images.MAX_IMAGE_BYTES must not hit 413 before the image checks."""
+    from appliance.images import MAX_IMAGE_BYTES
+    data_url = len("data:image/jpeg;base64,") + 4 * -(-MAX_IMAGE_BYTES // 3)
+    assert Settings().max_body_bytes >= data_url + 4096          # plus the JSON around it
