@@ -47,6 +47,8 @@ class SequenceBlocks:
     # float32[n_layers, prompt tokens]: attention mass each prompt token received during a
     # sparse prefill (None when not recorded); block-sparse decode reserves blocks by it.
     importance: np.ndarray | None = None
+    # Block sums of `importance` for decode, made on first use (appliance.sparse).
+    importance_memo: object = None
 
     def views(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(table, blockpos, count) int32 arrays for the attention kernels: the filled blocks in order.
@@ -148,6 +150,7 @@ class PagedKVCache:
         seq.blocks.clear()
         seq.length = 0
         seq.importance = None
+        seq.importance_memo = None
 
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:

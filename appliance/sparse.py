@@ -118,8 +118,7 @@ class SparseAttention(ExactAttention):
             self.attend(layer, q, seg, out, seg.table, seg.blockpos, seg.count)
             return
         scores = self._probe(layer, np.ascontiguousarray(q), seg.table, seg.count)
-        importance = seg.blocks.importance[layer] if seg.blocks.importance is not None else None
-        chosen = self._kernels.select(scores, block_importance(importance, nb, self.config.block), self.config.k)
+        chosen = self._kernels.select(scores, self._block_importance(layer, seg.blocks, nb), self.config.k)
         self._attend_chosen(layer, q, seg, out, chosen, seg.table, seg.count)
 
     # ---- prefill -----------------------------------------------------------
@@ -155,6 +154,23 @@ class SparseAttention(ExactAttention):
             row = end
 
     # ---- helpers -----------------------------------------------------------
+    def _block_importance(self, layer: int, blocks, nb: int) -> np.ndarray | None:
+        """Per-block importance of the prompt for decode, summed once per (sequence, layer): it
+        only changes in prefill, and summing the whole prompt every step was 0.8 ms a token at 8K.
+        Blocks past the prompt weigh 0."""
+        if blocks.importance is None:
+            return None
+        memo = blocks.importance_memo
+        if memo is None or memo[0] is not blocks.importance:
+            n_prompt_blocks = -(-blocks.importance.shape[1] // self.config.block)
+            memo = (blocks.importance, [None] * self.n_layers, n_prompt_blocks)
+            blocks.importance_memo = memo
+        sums = memo[1][layer]
+        if sums is None or len(sums) < nb:
+            sums = block_importance(blocks.importance[layer], max(nb, memo[2]) + 64, self.config.block)
+            memo[1][layer] = sums
+        return sums[:nb]
+
     def _probe(self, layer: int, q: np.ndarray, table: np.ndarray, count: np.ndarray) -> np.ndarray:
         c = self.cache
         ks = c.k_scale[layer] if c.k_scale is not None else None
