@@ -178,8 +178,8 @@ def worker_ours(args) -> dict:
     load_s = time.perf_counter() - t0
     mem_load = _rss()
     cache = e.cache
-    kv_capacity_bytes = sum(a.nbytes for a in (cache.k, cache.v, cache.k_scale, cache.v_scale) if a is not None)
-    per_token = cache.bytes_per_token_per_layer * e.config.num_hidden_layers
+    kv_capacity_bytes = cache.nbytes      # with sparse attention, also the compact probe rows
+    per_token = kv_capacity_bytes // (cache.n_blocks * cache.block_size)
     res = {"engine": "ours", "weights": args.weights, "kv": args.kv, "threads": e.threads,
            "sparse_k": args.sparse_k or None,
            "kernel_path": kernels.kernel_path(), "max_context": e.max_context, "load_s": load_s,
