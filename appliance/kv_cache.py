@@ -130,7 +130,12 @@ class PagedKVCache:
 
     @property
     def bytes_per_token_per_layer(self) -> int:
-        return bytes_per_token_per_layer(self.kind, self.n_kv, self.head_dim)
+        """K and V with their scales, plus the compact probe rows when sparse attention keeps them."""
+        base = bytes_per_token_per_layer(self.kind, self.n_kv, self.head_dim)
+        if self.probe_k is None:
+            return base
+        rows = self.probe_k.shape[3]                     # copied rows per block
+        return base + round((base // 2) * rows / self.block_size)   # that share of K (half of base)
 
     def blocks_needed(self, seq: SequenceBlocks, new_length: int) -> int:
         return max(0, -(-new_length // self.block_size) - len(seq.blocks))

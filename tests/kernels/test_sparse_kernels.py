@@ -123,6 +123,7 @@ def test_compact_probe_rows_give_the_strided_scores_bit_for_bit(kind, probe):
     n_kv, group, hd = 2, 2, 64
     cache = PagedKVCache(1, n_kv, hd, kind=kind, capacity_tokens=32 * 8)
     cache.enable_probe_rows(probe)
+    assert abs(cache.bytes_per_token_per_layer - cache.nbytes / (32 * 8)) <= 0.5   # counts the copy
     seq = SequenceBlocks()
     cache.reserve(seq, 32 * 5)
     seq.blocks = seq.blocks[::-1]                       # scattered physical blocks
