@@ -3,10 +3,10 @@
     appliance eval needle --context 512,1024,2048,4096 --sparse-k 1,2,4,8,16,32 [--json]
     appliance eval ppl --file TEXT --sparse-k 4,32 [--json]
 
-Needle: facts ("The access code for the north gate is 4721.") are planted at several
+Needle: facts ("The password for the north gate is falcon.") are planted at several
 depths of filler text, the question goes through the model's chat template (a raw
 completion prompt makes even exact attention refuse, ENGINE.md), and a greedy reply
-counts when its first number is the planted value. The filler is the Python reference
+counts when the first code word it names is the planted one. The filler is the Python reference
 manual text that ships with every Python (pydoc_data.topics); scripts/train_demo_model.py
 holds those topics out of the demo model's training, so the haystack is unseen text.
 
@@ -27,23 +27,36 @@ PLACES = ["north", "south", "east", "west", "red", "blue", "green", "silver", "g
 THINGS = ["gate", "vault", "tower", "bridge", "garden", "library", "station", "harbor", "cellar",
           "workshop", "archive", "tunnel", "kitchen", "office", "garage", "locker", "cabin",
           "laboratory", "market", "museum"]
-ATTRIBUTES = ["access code", "room number", "serial number", "combination", "badge number",
-              "ticket number", "pin", "account number", "order number", "key number"]
+ATTRIBUTES = ["password", "code word", "call sign", "secret word", "passphrase", "watchword",
+              "key word", "signal", "nickname", "token"]
+# Values are code words, not numbers: a reply copies a planted word, which a small model learns
+# with one induction step (find "<thing> is" in the haystack, copy what follows). A number is a
+# string of digits, and a digit alone does not say where to continue copying from, so the 4M
+# demo model never learned to copy numbers out of filler (scripts/train_demo_model.py).
+# None of these words is a place, a thing or an attribute word, and they are rare in the filler.
+VALUES = ["falcon", "otter", "walnut", "copper", "maple", "cobalt", "lemon", "tiger", "cedar", "orchid",
+          "panda", "raven", "amber", "basil", "coral", "ember", "fern", "ginger", "hazel", "jade",
+          "koala", "lotus", "mango", "nutmeg", "olive", "pepper", "quartz", "saffron", "tulip", "violet",
+          "willow", "zebra", "badger", "camel", "dolphin", "eagle", "ferret", "gecko", "heron", "jaguar",
+          "kiwi", "lynx", "moose", "parrot", "quail", "robin", "salmon", "toucan", "walrus", "apricot",
+          "banana", "cherry", "grape", "melon", "peach", "plum", "onyx", "opal", "ruby", "pearl",
+          "topaz", "granite", "marble", "thistle", "bamboo", "cactus", "daisy", "poppy", "clover",
+          "acorn", "pebble", "comet", "meteor", "nebula", "glacier", "canyon", "meadow", "lagoon",
+          "volcano", "tundra", "prairie", "beacon", "anchor", "compass", "lantern", "saddle",
+          "trumpet", "violin", "banjo", "harp", "kettle", "teapot", "pumpkin", "turnip", "radish",
+          "carrot", "noodle", "muffin", "waffle", "pretzel"]
 DEPTHS = (0.1, 0.5, 0.9)
 N_HELD_OUT_TOPICS = 20       # first topics in sorted order: ~54K characters of filler
 
 
 def make_facts(rng: random.Random, n: int) -> list[dict]:
-    """n facts about distinct (attribute, place, thing) triples, each with a fresh number."""
-    seen, facts = set(), []
-    while len(facts) < n:
-        key = (rng.choice(ATTRIBUTES), rng.choice(PLACES), rng.choice(THINGS))
-        if key in seen:
-            continue
-        seen.add(key)
-        attr, place, thing = key
-        digits = rng.choice((3, 4, 4, 5))
-        value = str(rng.randrange(10 ** (digits - 1), 10 ** digits))
+    """n facts about distinct things (so "<thing> is" names one fact), each with its own value word."""
+    if n > min(len(THINGS), len(VALUES)):
+        raise ValueError(f"at most {min(len(THINGS), len(VALUES))} facts per haystack, not {n}")
+    things, values = rng.sample(THINGS, n), rng.sample(VALUES, n)
+    facts = []
+    for thing, value in zip(things, values):
+        attr, place = rng.choice(ATTRIBUTES), rng.choice(PLACES)
         # The reply restates the fact: the value then follows the same words as in the haystack,
         # which a small model learns to copy far sooner than a bare value (induction heads).
         sentence = f"The {attr} for the {place} {thing} is {value}."
@@ -108,10 +121,14 @@ def needle_cases(tokenizer, context: int, trials: int, seed: int = 0) -> list[di
     return cases
 
 
+_VALUE_SET = frozenset(VALUES)
+
+
 def is_recalled(text: str, answer: str) -> bool:
-    """The first number in the reply is the planted value."""
-    number = re.search(r"\d+", text)
-    return number is not None and number.group() == answer
+    """The first value word in the reply is the planted one (a reply naming no value, or
+    another fact's value first, is a miss)."""
+    first = next((w for w in re.findall(r"[a-z]+", text.lower()) if w in _VALUE_SET), None)
+    return first == answer
 
 
 # ---- engines ---------------------------------------------------------------------------------

@@ -1,15 +1,18 @@
 """Train the embedded demo model (appliance/demo_model/) on CPU, from text every Python has.
 
 A ~4M-parameter Qwen3 (hidden 256, 4 layers, 4 q / 2 kv heads, head_dim 64, tied
-embeddings) with its own byte-level BPE (3072 tokens, digits split one per token so
-numbers are copied digit by digit). The training mix:
+embeddings) with its own byte-level BPE (3072 tokens, digits one per token as Qwen's).
+The training mix:
   * language: docstrings of standard-library modules and the Python reference manual
     (pydoc_data.topics, minus the topics `appliance eval` uses as held-out filler);
   * doc chat: "What does json.dumps do?" answered with its docstring, so `make run`
     talks in recognizable text;
-  * retrieval: facts planted in filler, then questions through the ChatML template,
-    answered by restating the fact with its value (appliance.evaluate defines the task,
-    so training and `appliance eval needle` ask the same way);
+  * retrieval: facts planted in filler ("The password for the north gate is falcon."), then
+    questions through the ChatML template, answered by restating the fact with its value
+    word (appliance.evaluate defines the task, so training and `appliance eval needle` ask the
+    same way). The first run planted numbers: after 30 minutes the value digits were right
+    ~20% of the time and recall was 0, because after the first digit a digit alone does not say
+    where to go on copying; a word value is one induction step;
   * copy drills: random tokens repeated (alone for the first 250 steps) and facts without
     filler, which grow the copy (induction) heads retrieval is built on.
 Curriculum: short sequences first (128, 256), then 512, 1024 and some 2048, so that retrieval
@@ -22,9 +25,9 @@ The machine is shared: one torch thread, run under `nice -n 19`, a wall-clock bu
 
     nohup nice -n 19 .venv/bin/python scripts/train_demo_model.py --budget-min 40 > /tmp/train.out 2>&1 &
 
-The shipped model: --budget-min 30 (its log is appliance/demo_model/train_log.txt). The machine
-was shared with other engineers' builds and benchmarks (load 4-9 on 2 cores), so the niced
-run got a third to a half of a core: about 1.5 s per 2K-token step.
+The shipped model: 30 minutes on a niced third of a core with number values, then resumed from
+that checkpoint with word values and --budget-min 80 --threads 2 on a quiet machine (its log,
+both runs, is appliance/demo_model/train_log.txt).
 """
 from __future__ import annotations
 
@@ -71,8 +74,16 @@ CURRICULUM = [(0.0, 128, 16), (0.25, 256, 8), (0.45, 512, 4), (0.65, 1024, 2), (
 # repeats alone, for a number of steps (not a share of the time: on a busy machine 3 minutes
 # were only 85 steps, too few).
 REPEAT_ONLY_STEPS = 250
+# From 55% on, more drills: at 52 minutes the model copied *a* value word from the haystack
+# (value tokens 89% right teacher-forced, most haystacks having one or two facts) but the same
+# one for every question of a three-fact haystack (needle recall 17-33%); drills with 3-8 facts
+# and no filler are where picking the fact by its key is the only way down.
 MIXES = [(0.0, {"drill": 0.3, "repeat": 0.25, "retrieval": 0.2, "lm": 0.15, "doc_chat": 0.1}),
-         (0.4, {"drill": 0.15, "repeat": 0.05, "retrieval": 0.5, "lm": 0.2, "doc_chat": 0.1})]
+         (0.4, {"drill": 0.15, "repeat": 0.05, "retrieval": 0.5, "lm": 0.2, "doc_chat": 0.1}),
+         (0.55, {"drill": 0.35, "repeat": 0.03, "retrieval": 0.45, "lm": 0.12, "doc_chat": 0.05})]
+# The value's tokens count this much again on top of the reply loss: restating the question's
+# words is easy, the value is what retrieval is about.
+VALUE_WEIGHT = 2.0
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -181,7 +192,7 @@ class Data:
     def retrieval(self, length):
         rng = self.rng
         # About 16 tokens a fact and 45 a question with its reply; short sequences get fewer.
-        n_facts = rng.randint(1, min(6, 2 + length // 256))
+        n_facts = rng.randint(2, max(2, min(6, 2 + length // 256)))   # distractors always
         facts = task.make_facts(rng, n_facts)
         asked = rng.sample(facts, rng.randint(1, min(4, n_facts, 1 + length // 256)))
         n_filler = max(16, length - 18 * n_facts - 45 * len(asked) - 16)
@@ -193,7 +204,7 @@ class Data:
 
     def drill(self, length):
         """Facts with no filler, then questions: the most retrieval signal per token."""
-        n_facts = self.rng.randint(2, min(8, 2 + length // 64))
+        n_facts = self.rng.randint(3, max(3, min(8, 2 + length // 64)))
         facts = task.make_facts(self.rng, n_facts)
         asked = self.rng.sample(facts, max(1, min(n_facts, (length - 18 * n_facts) // 45)))
         return self.conversation(" ".join(f["fact"] for f in facts), asked, length)
@@ -214,7 +225,7 @@ class Data:
                          {"role": "assistant", "content": f["reply"]}]
         text, spans = render(messages)
         # Facts and filler are the language part; only the replies are the retrieval part, and in
-        # them the value's digits (kind 3) are what retrieval is about.
+        # them the value word's tokens (kind 3) are what retrieval is about.
         for f in asked:
             at = text.rindex(f["reply"])
             at += f["reply"].rindex(f["answer"])
@@ -258,13 +269,14 @@ def main() -> None:
     ap.add_argument("--checkpoint-min", type=float, default=5.0)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     ap.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --work")
     args = ap.parse_args()
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from appliance.tokenizer import Tokenizer as ApplianceTokenizer
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     log_file = open(args.work / "train.log", "a")
 
@@ -276,8 +288,13 @@ def main() -> None:
 
     docs, manual = stdlib_docs(), manual_text()
     tok_dir = args.work / "tokenizer"
-    tok = train_tokenizer(manual + [d for _, d in docs] + [q.format(n) for n, _ in docs[:2000] for q in QUESTIONS[:1]],
-                          tok_dir)
+    ckpt = args.work / "checkpoint.pt"
+    if ckpt.exists() and not args.fresh and (tok_dir / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))   # the vocabulary the checkpoint learned
+    else:
+        tok = train_tokenizer(manual + [d for _, d in docs] + [q.format(n) for n, _ in docs[:2000]
+                                                               for q in QUESTIONS[:1]], tok_dir)
     eval_tok = ApplianceTokenizer(tok_dir, {2})
     log(f"text: {len(docs)} docstrings, {len(manual)} manual topics, "
         f"{sum(map(len, manual)) + sum(len(d) for _, d in docs)} chars; vocab {tok.get_vocab_size()}")
@@ -292,7 +309,6 @@ def main() -> None:
     data = Data(tok, docs, manual, random.Random(args.seed))
     log(f"model: {sum(p.numel() for p in model.parameters())} parameters; stream {len(data.stream)} tokens")
     step, elapsed = 0, 0.0
-    ckpt = args.work / "checkpoint.pt"
     if ckpt.exists() and not args.fresh:
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
@@ -329,7 +345,8 @@ def main() -> None:
         lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
         ans_loss = (ce * ans_mask).sum() / ans_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
-        (lm_loss + ans_loss).backward()
+        value_loss = (ce * value_mask).sum() / value_mask.sum().clamp(min=1)
+        (lm_loss + ans_loss + VALUE_WEIGHT * value_loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -340,7 +357,7 @@ def main() -> None:
         if step % 10 == 0:
             n = sums["n"]
             log(f"step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
-                f"  answer_loss {sums['ans'] / n:.3f}  value_digit_acc {sums['acc'] / n:.2f}")
+                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}")
             sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save_checkpoint()

@@ -13,17 +13,18 @@ import pytest
 
 from appliance import Engine
 from appliance.engine import DEMO_MODEL_DIR
-from appliance.evaluate import (DEPTHS, filler_text, is_recalled, make_facts, needle_cases, plant)
+from appliance.evaluate import (ATTRIBUTES, DEPTHS, PLACES, THINGS, VALUES, filler_text, is_recalled, make_facts,
+                                needle_cases, plant)
 from appliance.sampling import log_softmax
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import CHATML, SPECIAL  # noqa: E402
 
-# The floor a retrieving demo model must meet at its trained context (1024). The shipped one does
-# not retrieve yet (30 minutes on a shared CPU: value digits right ~20% of the time, recall ~0;
-# appliance/demo_model/train_log.txt), so that test is skipped until a longer run replaces it.
+# The floor the demo model must meet at its trained context (1024), exact attention, q8 engine.
+# The shipped model recalled 80% at 1024 in torch at the end of training (30 haystack questions,
+# appliance/demo_model/train_log.txt); DEMO_RETRIEVES = False skips this for a model that does not.
 RECALL_FLOOR = 0.8
-DEMO_RETRIEVES = False
+DEMO_RETRIEVES = True
 PPL_CEILING = 1000
 
 
@@ -65,10 +66,23 @@ def test_planted_facts_sit_at_their_depths():
     assert len({f["answer"] for f in facts}) == 3
 
 
-def test_recall_is_the_first_number_of_the_reply():
-    assert is_recalled("The pin for the north gate is 4721.", "4721") and is_recalled("4721", "4721")
-    assert not is_recalled("The pin is 47215.", "4721") and not is_recalled("The pin is", "4721")
-    assert not is_recalled("It is 12, not 4721.", "4721")
+def test_facts_name_distinct_things_and_values():
+    for seed in range(20):
+        facts = make_facts(random.Random(seed), 6)
+        things = [f["question"].rstrip("?").split()[-1] for f in facts]
+        assert len(set(things)) == 6 and len({f["answer"] for f in facts}) == 6
+        assert all(f["fact"].endswith(f" is {f['answer']}.") and f["answer"] in VALUES for f in facts)
+    assert not set(VALUES) & set(PLACES + THINGS + " ".join(ATTRIBUTES).split())
+    with pytest.raises(ValueError):
+        make_facts(random.Random(0), len(THINGS) + 1)
+
+
+def test_recall_is_the_first_value_word_of_the_reply():
+    assert is_recalled("The password for the north gate is falcon.", "falcon")
+    assert is_recalled("Falcon", "falcon")
+    assert not is_recalled("The password is falconry.", "falcon")
+    assert not is_recalled("The password is", "falcon")
+    assert not is_recalled("It is otter, not falcon.", "falcon")
 
 
 def test_needle_cases_fit_their_context(exact):
