@@ -29,15 +29,17 @@ class ExactAttention:
         return out.reshape(q.shape[0], -1)
 
     def attend(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray,
-               table: np.ndarray, blockpos: np.ndarray, count: np.ndarray) -> None:
+               table: np.ndarray, blockpos: np.ndarray, count: np.ndarray,
+               importance: np.ndarray | None = None) -> None:
+        """importance float32[n_positions], if given, also gets the softmax mass each row received."""
         c = self.cache
         q = np.ascontiguousarray(q)
         if c.kind == "q8":
             kernels.attention_q8(q, c.k[layer], c.k_scale[layer], c.v[layer], c.v_scale[layer],
-                                 table, blockpos, count, seg.qpos, self.scale, out=out)
+                                 table, blockpos, count, seg.qpos, self.scale, out=out, importance=importance)
         elif c.kind == "q4":
             kernels.attention_q4(q, c.k[layer], c.k_scale[layer], c.v[layer], c.v_scale[layer],
-                                 table, blockpos, count, seg.qpos, self.scale, out=out)
+                                 table, blockpos, count, seg.qpos, self.scale, out=out, importance=importance)
         else:
             kernels.attention_f32(q, c.k[layer], c.v[layer], table, blockpos, count, seg.qpos,
-                                  self.scale, out=out)
+                                  self.scale, out=out, importance=importance)

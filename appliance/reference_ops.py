@@ -64,7 +64,7 @@ def _dequantize_kv(k, ks, kind):
     return k
 
 
-def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out):
+def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out, importance=None):
     t_len, hq, hd = q.shape
     n_kv = k.shape[1]
     bs = k.shape[2]
@@ -89,21 +89,28 @@ def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out):
                 s = (kh[visible] @ q[t, j]) * scale
                 w = np.exp(s - s.max())
                 result[t, j] = (w @ vh[visible]) / w.sum()
+                if importance is not None:
+                    pos = ph[visible]
+                    keep = pos < len(importance)
+                    np.add.at(importance, pos[keep], (w / w.sum())[keep].astype(np.float32))
     return result
 
 
-def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
+def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0,
+                 importance=None):
     return _attention(q, _dequantize_kv(k, ks, "q8"), _dequantize_kv(v, vs, "q8"),
-                      table, blockpos, count, qpos, scale, "q8", out)
+                      table, blockpos, count, qpos, scale, "q8", out, importance)
 
 
-def attention_q4(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
+def attention_q4(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0,
+                 importance=None):
     return _attention(q, _dequantize_kv(k, ks, "q4"), _dequantize_kv(v, vs, "q4"),
-                      table, blockpos, count, qpos, scale, "q4", out)
+                      table, blockpos, count, qpos, scale, "q4", out, importance)
 
 
-def attention_f32(q, k, v, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0):
-    return _attention(q, k, v, table, blockpos, count, qpos, scale, "f32", out)
+def attention_f32(q, k, v, table, blockpos, count, qpos, scale, out=None, path="simd", threads=0,
+                  importance=None):
+    return _attention(q, k, v, table, blockpos, count, qpos, scale, "f32", out, importance)
 
 
 def attention_probe(kind, q, k, ks, table, count, probe, scale, pk=None, pks=None, path="simd", threads=0):

@@ -16,7 +16,7 @@ which is exact attention, so the probe is skipped.
 
 Prefill works on query chunks of one KV block each: a chunk keeps its own block and
 the previous one, and fills the rest of its k by probing with the chunk's mean query.
-While it runs it records, per layer, the attention mass every prompt token receives.
+The same attention pass records, per layer, the attention mass every prompt token receives.
 """
 from __future__ import annotations
 
@@ -139,18 +139,14 @@ class SparseAttention(ExactAttention):
             sub = Segment(seg.blocks, 0, end - row, pos, table, seg.blockpos[:visible], count,
                           np.ascontiguousarray(seg.qpos[chunk]))
             if not self.config.active(pos + 1) or visible <= self.config.k:
-                self.attend(layer, qc, sub, out[chunk], table, sub.blockpos, count)
-                if importance is not None:
-                    self._record(layer, qc, sub, table, sub.blockpos, count, importance)
+                self.attend(layer, qc, sub, out[chunk], table, sub.blockpos, count, importance)
             else:
                 # Own block and the previous one are always kept; the rest by probing the older ones.
                 older = visible - 2
                 scores = self._probe(layer, qc.mean(axis=0, keepdims=True), table[:older], count[:older])
                 chosen = np.ones((scores.shape[0], visible), dtype=bool)
                 chosen[:, :older] = self._kernels.select(scores, None, self.config.k - 2)
-                tables = self._attend_chosen(layer, qc, sub, out[chunk], chosen, table, count)
-                if importance is not None:
-                    self._record(layer, qc, sub, *tables, importance)
+                self._attend_chosen(layer, qc, sub, out[chunk], chosen, table, count, importance)
             row = end
 
     # ---- helpers -----------------------------------------------------------
@@ -180,19 +176,13 @@ class SparseAttention(ExactAttention):
         return kernels.attention_probe(c.kind, q, c.k[layer], ks, table, count, self.config.probe,
                                        self.scale, pk=pk, pks=pks)
 
-    def _attend_chosen(self, layer, q, seg, out, chosen, table, count):
-        """Exact attention over each head's chosen blocks; returns the per-head (table, blockpos, count)."""
+    def _attend_chosen(self, layer, q, seg, out, chosen, table, count, importance=None) -> None:
+        """Exact attention over each head's chosen blocks (and, in prefill, the importance they get
+        from the same pass: recording it in a second scoring pass cost more than the attention)."""
         n_kv = chosen.shape[0]
         idx = np.nonzero(chosen)[1].reshape(n_kv, -1).astype(np.int32)   # sorted per head
-        tables = (np.ascontiguousarray(table[idx]), idx, np.ascontiguousarray(count[idx]))
-        self.attend(layer, q, seg, out, *tables)
-        return tables
-
-    def _record(self, layer, q, seg, table, blockpos, count, importance) -> None:
-        c = self.cache
-        ks = c.k_scale[layer] if c.k_scale is not None else None
-        self._kernels.importance(c.kind, q, c.k[layer], ks, table, blockpos, count, seg.qpos,
-                                 self.scale, importance)
+        self.attend(layer, q, seg, out, np.ascontiguousarray(table[idx]), idx,
+                    np.ascontiguousarray(count[idx]), importance)
 
 
 def make_attention(cache: PagedKVCache, head_dim: int, n_layers: int, sparse: SparseConfig | None):

@@ -19,6 +19,12 @@
  * row's running max is raised once for the block (one rescale of acc and of the sum), then
  * V rows are read once and accumulated for all rows. Every K and V row is read exactly
  * once per (tile of queries, kv head): once per query head group in decode.
+ *
+ * Importance (block-sparse prefill, ENGINE.md): with `importance` set, the same pass also adds
+ * to importance[position] the softmax weight every query head gives every listed row. Each
+ * block's exp-shifted scores are kept with the running max they were shifted by, so the final
+ * weight is one multiply per score, not a second scoring pass. Units write their sums to their
+ * own slice and the slices are added in unit order: the result does not depend on the threads.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,12 +51,41 @@ static inline void prefetch_rows(int kind, const void *kv, const float *scales, 
     }
 }
 
+/* One unit's importance: contrib[i*bs + j] = sum over its rows r of the final softmax weight of
+ * listed block i's row j, i.e. kept weight * exp(shift - final max) / final sum. Rows are
+ * added in order, so the sums are the same on every run. Entries a row never saw stay 0. */
+static void ATTN_NAME(importance_unit)(const float *wkeep, const float *shift, const float *mx,
+                                       const float *sum, int64_t rows, int64_t nsel, int64_t bs,
+                                       int64_t list0, const int32_t *blockpos, const int32_t *count,
+                                       const int32_t *qpos, int64_t group, int64_t per_unit,
+                                       float *contrib)
+{
+    memset(contrib, 0, (size_t)per_unit * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        if (!(sum[r] > 0.0f))
+            continue;                 /* a query that saw no row gives no weight */
+        const float inv = 1.0f / sum[r];
+        for (int64_t i = 0; i < nsel; i++) {
+            const float sh = shift[r * nsel + i];
+            if (sh == -INFINITY)
+                continue;
+            const int64_t upto = (int64_t)qpos[r / group] - (int64_t)blockpos[list0 + i] * bs + 1;
+            const int64_t n = count[list0 + i] < upto ? count[list0 + i] : upto;
+            const float f = expf(sh - mx[r]) * inv;
+            const float *w = wkeep + r * per_unit + i * bs;
+            float *c = contrib + i * bs;
+            for (int64_t j = 0; j < n; j++)
+                c[j] += w[j] * f;
+        }
+    }
+}
+
 static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
                                      int64_t hd, const void *k, const float *ks, const void *v,
                                      const float *vs, int64_t bs, const int32_t *table,
                                      const int32_t *blockpos, const int32_t *count, int64_t nsel,
                                      int64_t table_stride, const int32_t *qpos, float scale,
-                                     float *out, int nthreads)
+                                     float *out, float *importance, int64_t n_positions, int nthreads)
 {
     const int64_t nb = hd / QK;
     const int64_t Hq = n_kv * group;
@@ -89,7 +124,26 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     const size_t sz_s = ((size_t)R * ld * sizeof(float) + a64) & ~a64;
     const size_t sz_ml = ((size_t)R * sizeof(float) + a64) & ~a64;
     const size_t sz_work = (size_t)bs * hd;
-    const size_t scratch = sz_qf + sz_qq + sz_qd + sz_acc + sz_s + 2 * sz_ml + sz_work;
+    /* Importance only: kept weights w float[R, nsel*bs], the max each block was shifted by
+     * shift float[R, nsel], and per unit contrib float[nsel*bs] in a wave of units. */
+    const int64_t per_unit = nsel * bs;
+    const size_t sz_w = importance ? ((size_t)R * per_unit * sizeof(float) + a64) & ~a64 : 0;
+    const size_t sz_shift = importance ? ((size_t)R * nsel * sizeof(float) + a64) & ~a64 : 0;
+    const size_t scratch = sz_qf + sz_qq + sz_qd + sz_acc + sz_s + 2 * sz_ml + sz_w + sz_shift + sz_work;
+    /* Units per wave: their contrib slices take at most 8 MB, whatever the thread count. */
+    int64_t wave = nunits;
+    float *contrib = NULL;
+    if (importance != NULL) {
+        const int64_t cap = ((int64_t)1 << 21) / (per_unit > 0 ? per_unit : 1);
+        wave = cap < 1 ? 1 : cap < nunits ? cap : nunits;
+        contrib = malloc((size_t)(wave * per_unit) * sizeof(float));
+        if (contrib == NULL) {   /* out of memory: NaN importance, still the right output */
+            for (int64_t i = 0; i < n_positions; i++)
+                importance[i] = NAN;
+            importance = NULL;
+            wave = nunits;
+        }
+    }
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -104,13 +158,17 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
         float *s = (float *)p;                 p += sz_s;
         float *mx = (float *)p;                p += sz_ml;
         float *sum = (float *)p;               p += sz_ml;
+        float *wkeep = (float *)p;             p += sz_w;
+        float *shift = (float *)p;             p += sz_shift;
         int8_t *work = (int8_t *)p;
 
         /* Kv head major: consecutive units (on every thread) scan the same head's rows. Within
          * a head the latest queries, which see the most rows, go first, so the dynamic
          * schedule ends on short units. */
+        for (int64_t w0 = 0; w0 < nunits; w0 += wave) {
+        const int64_t w1 = w0 + wave < nunits ? w0 + wave : nunits;
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t unit = 0; unit < nunits; unit++) {
+        for (int64_t unit = w0; unit < w1; unit++) {
             const int64_t h = unit / ntiles;
             const int64_t t1 = T - (unit % ntiles) * qtile;          /* queries [t0, t1) */
             const int64_t t0 = t1 - qtile > 0 ? t1 - qtile : 0;
@@ -120,6 +178,9 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                 for (int64_t tt = 0; tt < qt; tt++)
                     for (int64_t i = 0; i < group * hd; i++)
                         out[((t0 + tt) * Hq + h * group) * hd + i] = NAN;
+                if (importance != NULL)
+                    for (int64_t i = 0; i < per_unit; i++)
+                        contrib[(unit - w0) * per_unit + i] = NAN;
                 continue;
             }
             for (int64_t tt = 0; tt < qt; tt++)
@@ -132,6 +193,9 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                 sum[r] = 0.0f;
             }
             memset(acc, 0, (size_t)(rows * hd) * sizeof(float));
+            if (importance != NULL)
+                for (int64_t r = 0; r < rows * nsel; r++)
+                    shift[r] = -INFINITY;   /* block never scored for this row: weight 0 */
 
             for (int64_t i = 0; i < nsel; i++) {
                 const int64_t idx = h * table_stride + i;
@@ -182,6 +246,10 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                     }
                     for (int64_t j = nr; j < n; j++)   /* causally hidden from this query */
                         sr[j] = 0.0f;
+                    if (importance != NULL && nr > 0) {
+                        memcpy(wkeep + r * per_unit + i * bs, sr, (size_t)n * sizeof(float));
+                        shift[r * nsel + i] = mx[r];
+                    }
                 }
 
                 if (next0 >= 0)
@@ -202,9 +270,29 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                 for (int64_t d = 0; d < hd; d++)
                     o[d] = acc[r * hd + d] * inv;
             }
+            if (importance != NULL)
+                ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, nsel, bs, h * table_stride,
+                                           blockpos, count, qpos + t0, group, per_unit,
+                                           contrib + (unit - w0) * per_unit);
+        }
+        if (importance != NULL) {
+            /* The implicit barrier above ends the wave; one thread adds its slices in unit order. */
+            #pragma omp single
+            for (int64_t unit = w0; unit < w1; unit++) {
+                const float *c = contrib + (unit - w0) * per_unit;
+                const int64_t h = unit / ntiles;
+                for (int64_t i = 0; i < nsel; i++) {
+                    const int64_t idx = h * table_stride + i;
+                    const int64_t p0 = (int64_t)blockpos[idx] * bs;
+                    for (int64_t j = 0; j < count[idx] && p0 + j < n_positions; j++)
+                        importance[p0 + j] += c[i * bs + j];
+                }
+            }
+        }
         }
         free(base);
     }
+    free(contrib);
 }
 
 void ATTN_NAME(attention_q8)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
@@ -214,7 +302,7 @@ void ATTN_NAME(attention_q8)(const float *q, int64_t T, int64_t n_kv, int64_t gr
                              const int32_t *qpos, float scale, float *out, int nthreads)
 {
     ATTN_NAME(attention_run)(ATTN_KV_Q8, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
-                             count, nsel, table_stride, qpos, scale, out, nthreads);
+                             count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
 }
 
 void ATTN_NAME(attention_q4)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
@@ -224,7 +312,7 @@ void ATTN_NAME(attention_q4)(const float *q, int64_t T, int64_t n_kv, int64_t gr
                              const int32_t *qpos, float scale, float *out, int nthreads)
 {
     ATTN_NAME(attention_run)(ATTN_KV_Q4, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
-                             count, nsel, table_stride, qpos, scale, out, nthreads);
+                             count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
 }
 
 void ATTN_NAME(attention_f32)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
@@ -234,7 +322,18 @@ void ATTN_NAME(attention_f32)(const float *q, int64_t T, int64_t n_kv, int64_t g
                               const int32_t *qpos, float scale, float *out, int nthreads)
 {
     ATTN_NAME(attention_run)(ATTN_KV_F32, q, T, n_kv, group, hd, k, NULL, v, NULL, bs, table,
-                             blockpos, count, nsel, table_stride, qpos, scale, out, nthreads);
+                             blockpos, count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
+}
+
+void ATTN_NAME(attention_importance)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                                     int64_t hd, const void *k, const float *ks, const void *v,
+                                     const float *vs, int64_t bs, const int32_t *table,
+                                     const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                                     int64_t table_stride, const int32_t *qpos, float scale,
+                                     float *out, float *importance, int64_t n_positions, int nthreads)
+{
+    ATTN_NAME(attention_run)(kind, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count,
+                             nsel, table_stride, qpos, scale, out, importance, n_positions, nthreads);
 }
 
 /* ---- the probe of block-sparse attention ---------------------------------------------

@@ -73,6 +73,18 @@ void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, 
                            table_stride, qpos, scale, out, nthreads);
 }
 
+void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                               int64_t hd, const void *k, const float *ks, const void *v,
+                               const float *vs, int64_t bs, const int32_t *table,
+                               const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                               int64_t table_stride, const int32_t *qpos, float scale,
+                               float *out, float *importance, int64_t n_positions, int nthreads)
+{
+    attention_importance_portable(kind, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count,
+                                  nsel, table_stride, qpos, scale, out, importance, n_positions,
+                                  nthreads);
+}
+
 void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                           int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                           const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,

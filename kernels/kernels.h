@@ -110,6 +110,24 @@ void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, 
                         const int32_t *count, int64_t nsel, int64_t table_stride,
                         const int32_t *qpos, float scale, float *out, int nthreads);
 
+/* attention_{q8,q4,f32} (kind 0 q8, 1 q4, 2 f32; ks/vs NULL for f32) that also adds, for
+ * block-sparse prefill, to importance[p] (p < n_positions; later positions are dropped) the
+ * softmax weight each query head of each query gives the listed row at position p, summed over
+ * queries and heads. The sums are added in a fixed order: the same on every run and thread
+ * count. Working memory grows with (4 * group) * nsel * bs floats per thread.          */
+void attention_importance_portable(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, const void *v,
+                                   const float *vs, int64_t bs, const int32_t *table,
+                                   const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                                   int64_t table_stride, const int32_t *qpos, float scale,
+                                   float *out, float *importance, int64_t n_positions, int nthreads);
+void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                               int64_t hd, const void *k, const float *ks, const void *v,
+                               const float *vs, int64_t bs, const int32_t *table,
+                               const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                               int64_t table_stride, const int32_t *qpos, float scale,
+                               float *out, float *importance, int64_t n_positions, int nthreads);
+
 /* Block-sparse probe scores (ENGINE.md "Block-sparse attention"; the semantics and the compact
  * copy pk/pks of the sampled rows are documented at sparse_probe_compact in sparse_attention.h,
  * whose plain-C version is the reference of the tests). kind: 0 q8, 1 q4, 2 f32 cache.

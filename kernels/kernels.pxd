@@ -60,6 +60,19 @@ cdef extern from "kernels.h" nogil:
                             const int32_t *count, int64_t nsel, int64_t table_stride,
                             const int32_t *qpos, float scale, float *out, int nthreads)
 
+    void attention_importance_portable(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                                       int64_t hd, const void *k, const float *ks, const void *v,
+                                       const float *vs, int64_t bs, const int32_t *table,
+                                       const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                                       int64_t table_stride, const int32_t *qpos, float scale,
+                                       float *out, float *importance, int64_t n_positions, int nthreads)
+    void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, const void *v,
+                                   const float *vs, int64_t bs, const int32_t *table,
+                                   const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                                   int64_t table_stride, const int32_t *qpos, float scale,
+                                   float *out, float *importance, int64_t n_positions, int nthreads)
+
     void attention_probe_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                                   int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                                   const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,

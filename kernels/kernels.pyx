@@ -319,7 +319,7 @@ cdef int _check_list(object a, str name, Py_ssize_t ndim, Py_ssize_t n_kv, Py_ss
 
 cdef object _attention(int kind, object q, object k, object ks, object v, object vs, object table,
                        object blockpos, object count, object qpos, float scale, object out,
-                       object path, int threads):
+                       object path, int threads, object importance=None):
     cdef bint simd = _use_simd(path)
     cdef int nt = _nthreads(threads)
     _check(q, "q", cnp.NPY_FLOAT32, 3, 0, "float32 [T, Hq, hd]")
@@ -390,10 +390,25 @@ cdef object _attention(int kind, object q, object k, object ks, object v, object
     cdef const int32_t *qpp = <const int32_t *>_data(qpos)
     cdef float *op = <float *>_data(out)
     cdef Py_ssize_t group = Hq // n_kv
+    cdef float *impp = NULL
+    cdef Py_ssize_t npos = 0
+    if importance is not None:
+        _check(importance, "importance", cnp.NPY_FLOAT32, 1, 1, "float32 [n_positions]")
+        impp = <float *>_data(importance)
+        npos = _dim(importance, 0)
     if T == 0 or Hq == 0:
         return out
     if nblk == 0 or nsel == 0:
         (<cnp.ndarray>out).fill(0.0)
+        return out
+    if impp != NULL:
+        with nogil:
+            if simd:
+                attention_importance_simd(kind, qp, T, n_kv, group, hd, kp, ksp, vp, vsp, bs, tp, bp, cp,
+                                          nsel, stride, qpp, scale, op, impp, npos, nt)
+            else:
+                attention_importance_portable(kind, qp, T, n_kv, group, hd, kp, ksp, vp, vsp, bs, tp, bp, cp,
+                                              nsel, stride, qpp, scale, op, impp, npos, nt)
         return out
     with nogil:
         if kind == ATTN_Q8 and simd:
@@ -418,28 +433,32 @@ cdef object _attention(int kind, object q, object k, object ks, object v, object
 
 
 def attention_q8(q, k, ks, v, vs, table, blockpos, count, qpos, float scale, out=None,
-                 path="simd", int threads=0):
+                 path="simd", int threads=0, importance=None):
     """One-pass attention over a q8 paged cache (see kernels.h for the block-list semantics).
 
     q float32[T, Hq, hd]; k, v int8[nblk, n_kv, bs, hd]; ks, vs float32[nblk, n_kv, bs];
     table/blockpos/count int32[nsel] (shared by all heads) or int32[n_kv, nsel] (per head);
     qpos int32[T]. Returns float32[T, Hq, hd]; a query that sees no row gets zeros.
+    importance float32[n_positions], if given, gets += the softmax weight every query head
+    gave each position (block-sparse prefill; kernels.h attention_importance_*).
     """
-    return _attention(ATTN_Q8, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads)
+    return _attention(ATTN_Q8, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads,
+                      importance)
 
 
 def attention_q4(q, k, ks, v, vs, table, blockpos, count, qpos, float scale, out=None,
-                 path="simd", int threads=0):
+                 path="simd", int threads=0, importance=None):
     """As attention_q8 over a q4 cache: k, v uint8[nblk, n_kv, bs, hd/2] (Q4_0 nibbles),
     ks, vs float32[nblk, n_kv, bs, hd/32]."""
-    return _attention(ATTN_Q4, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads)
+    return _attention(ATTN_Q4, q, k, ks, v, vs, table, blockpos, count, qpos, scale, out, path, threads,
+                      importance)
 
 
 def attention_f32(q, k, v, table, blockpos, count, qpos, float scale, out=None, path="simd",
-                  int threads=0):
+                  int threads=0, importance=None):
     """As attention_q8 over an unquantized cache (a debugging probe): k, v float32[nblk, n_kv, bs, hd]."""
     return _attention(ATTN_F32, q, k, None, v, None, table, blockpos, count, qpos, scale, out, path,
-                      threads)
+                      threads, importance)
 
 
 def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk=None, pks=None,

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""appliance._kvops: KV cache writes (kernels/kv_store.h) and the probe and importance kernels of
+"""appliance._kvops: KV cache writes (kernels/kv_store.h) and the probe and block choice of
 block-sparse attention (kernels/sparse_attention.h)."""
 import numpy as np
 
@@ -27,11 +27,6 @@ cdef extern from "sparse_attention.h" nogil:
                               int64_t probe, float scale, float *scores, int nthreads)
     void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
                        uint8_t *chosen)
-    void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
-                           const void *k, const float *ks, int64_t bs, const int32_t *table,
-                           const int32_t *blockpos, const int32_t *count, int64_t nsel,
-                           int64_t table_stride, const int32_t *qpos, float scale,
-                           float *importance, int64_t n_positions, int nthreads)
 
 KINDS = {"q8": 0, "q4": 1, "f32": 2}
 
@@ -157,40 +152,3 @@ def select(scores, importance, int k):
         with nogil:
             sparse_select(&sc[0, 0], n_kv, nb, impp, k, &out[0, 0])
     return out.view(bool)
-
-
-def importance(str kind, q, k, ks, table, blockpos, count, qpos, float scale, cnp.ndarray acc, int threads=0):
-    """acc float32[n_positions] += softmax mass each listed row receives (see sparse_attention.h)."""
-    n_kv, group, hd, bs = _cache_args(kind, q, k, ks)
-    tab = np.ascontiguousarray(table, dtype=np.int32)
-    stride = 0 if tab.ndim == 1 else tab.shape[1]
-    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] tab1 = tab.reshape(-1)
-    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] bp1 = np.ascontiguousarray(blockpos, dtype=np.int32).reshape(-1)
-    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] cnt1 = np.ascontiguousarray(count, dtype=np.int32).reshape(-1)
-    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] qp = np.ascontiguousarray(qpos, dtype=np.int32)
-    nsel = tab.shape[tab.ndim - 1]
-    if bp1.shape[0] != tab1.shape[0] or cnt1.shape[0] != tab1.shape[0] or (stride and tab.shape[0] != n_kv):
-        raise ValueError("table, blockpos and count must have the same shape ([nsel] or [n_kv, nsel])")
-    if qp.shape[0] != q.shape[0]:
-        raise ValueError("qpos needs one position per query row")
-    if acc.dtype != np.float32 or acc.ndim != 1 or not acc.flags.c_contiguous:
-        raise ValueError("acc must be a C-contiguous float32[n_positions] array")
-    if tab1.shape[0] and (tab1.min() < 0 or tab1.max() >= k.shape[0] or cnt1.min() < 0 or cnt1.max() > bs):
-        raise ValueError("table or count out of range for this cache")
-    if tab1.shape[0] == 0 or q.shape[0] == 0:
-        return acc
-    cdef cnp.ndarray qa = q
-    cdef cnp.ndarray ka = k
-    cdef const float *ksp = NULL
-    cdef cnp.ndarray ksa
-    if ks is not None:
-        ksa = ks
-        ksp = <const float *>ksa.data
-    cdef int c_kind = KINDS[kind]
-    cdef int64_t T = q.shape[0], c_nkv = n_kv, c_group = group, c_hd = hd, c_bs = bs
-    cdef int64_t c_nsel = nsel, c_stride = stride, npos = acc.shape[0]
-    with nogil:
-        sparse_importance(c_kind, <const float *>qa.data, T, c_nkv, c_group, c_hd, <const void *>ka.data,
-                          ksp, c_bs, &tab1[0], &bp1[0], &cnt1[0], c_nsel, c_stride, &qp[0], scale,
-                          <float *>acc.data, npos, threads)
-    return acc

@@ -1,6 +1,7 @@
 /*
  * Block-sparse attention helpers (ENGINE.md, "Block-sparse attention"): the probe that
- * scores KV blocks and the importance each prefill token receives. Cache layouts and the
+ * scores KV blocks, and the block choice. (The importance each prefill token receives comes
+ * out of the attention pass: kernels.h attention_importance_*.) Cache layouts and the
  * (table, blockpos, count) block lists are those of kernels.h.
  *
  * Plain C compiled with the build's arch flags, tested against numpy
@@ -44,15 +45,5 @@ void sparse_probe_compact(int kind, const float *q, int64_t R, int64_t n_kv, int
  * lower index, and the last block is always in (replacing the lowest-scoring pick). */
 void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
                    uint8_t *chosen);
-
-/* importance float[n_positions] += for every query t < T and query head, the softmax weight
- * (over the listed rows it can see: position <= qpos[t]) of each row, added at the row's
- * position blockpos*bs + offset. Per kv head h the rows are those of table[h*stride + i],
- * i < nsel (stride 0: one list for all heads). q float[T, n_kv*group, hd]. */
-void sparse_importance(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
-                       const void *k, const float *ks, int64_t bs, const int32_t *table,
-                       const int32_t *blockpos, const int32_t *count, int64_t nsel,
-                       int64_t table_stride, const int32_t *qpos, float scale,
-                       float *importance, int64_t n_positions, int nthreads);
 
 #endif

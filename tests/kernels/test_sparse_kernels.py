@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance import _kvops as _sparse, quant
+from appliance import _kvops as _sparse, quant, reference_ops
+from appliance.ops import kernels
 
 PROBE_RTOL = 1e-5       # same int8 dots, float sums in another order
 IMPORTANCE_ATOL = 1e-5
@@ -52,21 +53,26 @@ def test_probe_matches_numpy(kind, probe):
     np.testing.assert_allclose(got, want, rtol=PROBE_RTOL, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
-def test_importance_matches_numpy(kind):
-    rng = np.random.default_rng(1)
-    kq, ks, deq = make_cache(kind, rng)
-    group, n_kv, hd, bs = 2, 2, 64, 32
-    q = rng.standard_normal((3, n_kv * group, hd)).astype(np.float32)
-    table = np.array([[2, 4, 1], [0, 4, 3]], np.int32)          # per-head lists
-    blockpos = np.array([[0, 1, 3], [0, 2, 3]], np.int32)
-    count = np.full((2, 3), bs, np.int32)
-    qpos = np.array([100, 110, 127], np.int32)
-    acc = np.zeros(128, np.float32)
-    _sparse.importance(kind, q, kq, ks, table, blockpos, count, qpos, 0.125, acc)
+def _attention_with_importance(kind, q, kq, ks, table, blockpos, count, qpos, n_positions, path="simd",
+                               threads=0):
+    """Attention with V = K (the importance does not depend on V) through kernels.attention_*."""
+    acc = np.zeros(n_positions, np.float32)
+    if kind == "f32":
+        out = kernels.attention_f32(q, kq, kq, table, blockpos, count, qpos, 0.125, path=path,
+                                    threads=threads, importance=acc)
+    else:
+        fn = kernels.attention_q8 if kind == "q8" else kernels.attention_q4
+        out = fn(q, kq, ks, kq, ks, table, blockpos, count, qpos, 0.125, path=path, threads=threads,
+                 importance=acc)
+    return out, acc
+
+
+def _numpy_importance(kind, q, deq, table, blockpos, count, qpos, n_positions, bs=32):
     qd = quantized_q(q, kind)
-    want = np.zeros(128, np.float64)
-    for t in range(3):
+    n_kv = deq.shape[1]
+    group = q.shape[1] // n_kv
+    want = np.zeros(n_positions, np.float64)
+    for t in range(len(q)):
         for hq in range(n_kv * group):
             h = hq // group
             rows, pos = [], []
@@ -75,10 +81,70 @@ def test_importance_matches_numpy(kind):
                     if lb * bs + j <= qpos[t]:
                         rows.append(deq[b, h, j])
                         pos.append(lb * bs + j)
+            if not rows:
+                continue
             s = np.array(rows) @ qd[t, hq] * 0.125
             w = np.exp(s - s.max())
-            np.add.at(want, pos, w / w.sum())
-    np.testing.assert_allclose(acc, want, atol=IMPORTANCE_ATOL)
+            pos = np.array(pos)
+            keep = pos < n_positions
+            np.add.at(want, pos[keep], (w / w.sum())[keep])
+    return want
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+@pytest.mark.parametrize("path", ["simd", "portable"])
+def test_attention_importance_matches_numpy(kind, path):
+    """Prefill importance comes out of the attention pass itself (kernels.h attention_importance_*):
+    per-head block lists, a partial last block, queries that see only part of a block, a tile of
+    queries that is not full (T = 6 with tiles of 4), and positions past n_positions dropped."""
+    rng = np.random.default_rng(1)
+    kq, ks, deq = make_cache(kind, rng)
+    group, n_kv, hd, bs = 2, 2, 64, 32
+    q = rng.standard_normal((6, n_kv * group, hd)).astype(np.float32)
+    table = np.array([[2, 4, 1], [0, 4, 3]], np.int32)          # per-head lists
+    blockpos = np.array([[0, 1, 3], [0, 2, 3]], np.int32)
+    count = np.array([[bs, bs, 20], [bs, bs, 20]], np.int32)
+    qpos = np.array([100, 105, 110, 111, 115, 127], np.int32)
+    out, got = _attention_with_importance(kind, q, kq, ks, table, blockpos, count, qpos, 112, path)
+    want = _numpy_importance(kind, q, deq, table, blockpos, count, qpos, 112)
+    np.testing.assert_allclose(got, want, atol=IMPORTANCE_ATOL)
+    # The output is that of plain attention: importance rides along, it changes nothing.
+    plain = _attention_with_importance(kind, q, kq, ks, table, blockpos, count, qpos, 112, path)[0]
+    fn = {"q8": kernels.attention_q8, "q4": kernels.attention_q4}.get(kind)
+    ref = (kernels.attention_f32(q, kq, kq, table, blockpos, count, qpos, 0.125, path=path) if fn is None
+           else fn(q, kq, ks, kq, ks, table, blockpos, count, qpos, 0.125, path=path))
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(plain, ref)
+
+
+def test_attention_importance_is_the_same_whatever_the_threads():
+    """Sparse block choice must be bit for bit reproducible, so the importance sums may not depend
+    on which thread ran which unit."""
+    rng = np.random.default_rng(3)
+    kq, ks, _ = make_cache("q8", rng, n_blocks=12, n_kv=2)
+    q = rng.standard_normal((32, 4, 64)).astype(np.float32)
+    table = np.arange(12, dtype=np.int32)
+    blockpos = np.arange(12, dtype=np.int32)
+    count = np.full(12, 32, np.int32)
+    qpos = np.arange(352, 384, dtype=np.int32)
+    runs = [_attention_with_importance("q8", q, kq, ks, table, blockpos, count, qpos, 384, threads=t)[1]
+            for t in (1, 2, 3, 2)]
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r, runs[0])
+    # Each query head hands out a total weight of 1.
+    np.testing.assert_allclose(runs[0].sum(), 32 * 4, rtol=1e-5)
+
+
+def test_reference_attention_records_the_same_importance():
+    rng = np.random.default_rng(4)
+    kq, ks, _ = make_cache("q8", rng)
+    q = rng.standard_normal((5, 4, 64)).astype(np.float32)
+    table, blockpos = np.array([5, 2, 0], np.int32), np.array([0, 1, 2], np.int32)
+    count, qpos = np.array([32, 32, 9], np.int32), np.array([40, 60, 70, 71, 72], np.int32)
+    got = _attention_with_importance("q8", q, kq, ks, table, blockpos, count, qpos, 96)[1]
+    want = np.zeros(96, np.float32)
+    reference_ops.attention_q8(q, kq, ks, kq, ks, table, blockpos, count, qpos, 0.125, importance=want)
+    np.testing.assert_allclose(got, want, atol=IMPORTANCE_ATOL)
 
 
 def test_bad_arguments_raise():
