@@ -118,7 +118,8 @@ def format_comparison(exact: tuple, sparse: tuple) -> str:
     info = engine.info()
     sp = sparse[0].sparse
     lines = [f"model {info['model']}  weights {info['weights']}  kv {info['kv']}  threads {info['threads']}  "
-             f"kernels {info['kernel_path']}  sparse k={sp.k} block={sp.block} probe={sp.probe}",
+             f"kernels {info['kernel_path']}  sparse k={sp.k} block={sp.block} "
+             + (f"probe={sp.probe}" if sp.probe_mode == "strided" else "probe=bound"),
              "",
              "decode, median per token",
              f"{'context':>8} {'exact attn ms':>14} {'exact total ms':>15} {'exact share':>12} "

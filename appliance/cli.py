@@ -51,7 +51,11 @@ def add_sparse_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-attn", action="store_true", help="block-sparse attention at long context")
     p.add_argument("--sparse-k", type=_positive_int, default=32, help="blocks kept per head (default 32)")
     p.add_argument("--sparse-block", type=_positive_int, default=32, help="positions per block (default 32)")
-    p.add_argument("--sparse-probe", type=_positive_int, default=8, help="rows probed per block (default 8)")
+    p.add_argument("--sparse-probe", type=_positive_int, default=8,
+                   help="rows probed per block with --sparse-probe-mode strided (default 8)")
+    p.add_argument("--sparse-probe-mode", choices=("bound", "strided"), default="bound",
+                   help="how blocks are scored: a key bound then the exact max of the best k (default), "
+                        "or ENGINE.md's max over --sparse-probe sampled rows")
 
 
 def sparse_config(args, k: int | None = None):
@@ -59,7 +63,8 @@ def sparse_config(args, k: int | None = None):
     if not args.sparse_attn and k is None:
         return None
     from .sparse import SparseConfig
-    return SparseConfig(k=k or args.sparse_k, block=args.sparse_block, probe=args.sparse_probe)
+    return SparseConfig(k=k or args.sparse_k, block=args.sparse_block, probe=args.sparse_probe,
+                        probe_mode=args.sparse_probe_mode)
 
 
 def load_engine(args, sparse="flags", **extra):

@@ -43,6 +43,7 @@ class Settings:
     sparse_k: int = 32
     sparse_block: int = 32
     sparse_probe: int = 8
+    sparse_probe_mode: str = "bound"  # bound | strided (appliance/sparse.py)
     api_key: str | None = None        # when set, /v1/* and /tokenize need `Authorization: Bearer`
     max_queue: int = 16               # requests waiting for a decode slot before 503
     max_batch: int = 8                # sequences decoded together in one step
@@ -64,7 +65,8 @@ class Settings:
     def sparse_config(self) -> dict | None:
         if not self.sparse_attn:
             return None
-        return {"k": self.sparse_k, "block": self.sparse_block, "probe": self.sparse_probe}
+        return {"k": self.sparse_k, "block": self.sparse_block, "probe": self.sparse_probe,
+                "probe_mode": self.sparse_probe_mode}
 
     def public(self) -> dict:
         """The settings as shown on the dashboard and /health: never the API key."""
@@ -182,6 +184,8 @@ def validate(s: Settings) -> Settings:
           f"kv_cache_tokens: {s.kv_cache_tokens} is below 64")
     for key in ("sparse_k", "sparse_block", "sparse_probe"):
         check(getattr(s, key) >= 1, f"{key}: {getattr(s, key)} must be at least 1")
+    check(s.sparse_probe_mode in ("bound", "strided"),
+          f"sparse_probe_mode: {s.sparse_probe_mode!r} is not one of bound, strided")
     check(0 <= s.max_queue <= 4096, f"max_queue: {s.max_queue} is outside 0..4096")
     check(1 <= s.max_batch <= 256, f"max_batch: {s.max_batch} is outside 1..256")
     check(s.request_timeout > 0, f"request_timeout: {s.request_timeout} must be positive (seconds)")

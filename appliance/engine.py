@@ -113,7 +113,7 @@ class Engine:
 
         weights: "q8", "q4" or "f32"; None takes the family's default (q8; q4 for MoE).
         sparse: None (exact attention), a SparseConfig, or a dict of its fields
-        ({"k": 32, "block": 32, "probe": 8}) for block-sparse attention.
+        ({"k": 32, "block": 32, "probe": 8, "probe_mode": "bound"}) for block-sparse attention.
         """
         if isinstance(sparse, dict):
             sparse = SparseConfig(**sparse)
@@ -173,7 +173,8 @@ class Engine:
             "kv_bytes_per_token_per_layer": self.cache.bytes_per_token_per_layer,
             "kv_blocks_total": self.cache.blocks_total, "kv_block_size": self.cache.block_size,
             "sparse": None if self.sparse is None else {"k": self.sparse.k, "block": self.sparse.block,
-                                                         "probe": self.sparse.probe},
+                                                         "probe": self.sparse.probe,
+                                                         "probe_mode": self.sparse.probe_mode},
         }
 
     @property

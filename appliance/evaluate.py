@@ -137,7 +137,8 @@ def _engines(args, max_context: int):
     from .engine import Engine
 
     def load(k):
-        sparse = None if k is None else {"k": k, "block": args.sparse_block, "probe": args.sparse_probe}
+        sparse = None if k is None else {"k": k, "block": args.sparse_block, "probe": args.sparse_probe,
+                                         "probe_mode": args.sparse_probe_mode}
         return Engine.load(args.model, weights=args.weights, kv=args.kv, threads=args.threads,
                            max_context=args.max_context or max_context, sparse=sparse, progress=False)
 
@@ -168,7 +169,8 @@ def run_needle(args) -> dict:
                          "recall": sum(flat) / len(flat),
                          "by_depth": {str(d): sum(v) / len(v) for d, v in hits.items()}})
     return {"task": "needle", "model": str(args.model or "demo_model"), "trials": args.trials,
-            "depths": list(DEPTHS), "block": args.sparse_block, "probe": args.sparse_probe, "rows": rows}
+            "depths": list(DEPTHS), "block": args.sparse_block, "probe": args.sparse_probe,
+            "probe_mode": args.sparse_probe_mode, "rows": rows}
 
 
 def format_needle(result: dict) -> str:
@@ -198,7 +200,8 @@ def run_ppl(args) -> dict:
         rows.append({"attention": attention, "k": k, "tokens": len(logprobs), "nll": nll, "ppl": math.exp(nll)})
     return {"task": "ppl", "model": str(args.model or "demo_model"), "file": str(args.file),
             "windows": len(windows), "context": args.context, "prefix": args.prefix,
-            "block": args.sparse_block, "probe": args.sparse_probe, "rows": rows}
+            "block": args.sparse_block, "probe": args.sparse_probe,
+            "probe_mode": args.sparse_probe_mode, "rows": rows}
 
 
 def _windows(ids: list[int], context: int, limit: int) -> list[list[int]]:

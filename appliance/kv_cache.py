@@ -93,6 +93,7 @@ class PagedKVCache:
         self._free = list(range(self.n_blocks - 1, -1, -1))
         self.probe_k = self.probe_k_scale = None     # see enable_probe_rows
         self.probe_step = 0
+        self.bound_k = self.bound_k_scale = None     # see enable_bound_rows
 
     def enable_probe_rows(self, probe: int) -> None:
         """Keep a compact copy of the K rows block-sparse attention probes in full blocks.
@@ -113,10 +114,37 @@ class PagedKVCache:
         if self.k_scale is not None:
             self.probe_k_scale = np.zeros(self.k_scale.shape[:3] + (rows,) + self.k_scale.shape[4:], np.float32)
 
+    def enable_bound_rows(self) -> None:
+        """Keep, per full block and kv head, the channel-wise maximum and minimum of its K rows.
+
+        The bound probe of block-sparse attention (kernels.h attention_probe_bound) ranks blocks by
+        q+ . max + q- . min, an upper bound of every q . K in the block, reading 2 rows of a block
+        instead of its sampled ones. Stored as q8 rows (quant.quantize_bound_rows), written when a
+        block's last position is: 2 * (hd + 4) bytes per block and kv head, 1/16 of K's at bs 32.
+        """
+        shape = (self.n_layers, self.n_blocks, self.n_kv, 2)
+        self.bound_k = np.zeros(shape + (self.head_dim,), np.int8)
+        self.bound_k_scale = np.zeros(shape, np.float32)
+
+    def dequantized_k(self, layer: int, blocks: np.ndarray) -> np.ndarray:
+        """float32[len(blocks), n_kv, bs, hd]: the K rows of these physical blocks as attention sees them."""
+        ks = self.k_scale[layer][blocks] if self.k_scale is not None else None
+        return quant.dequantize_kv(self.k[layer][blocks], ks, self.kind)
+
+    def _write_bounds(self, layer: int, blocks: np.ndarray, offsets: np.ndarray) -> None:
+        """Bound rows of the blocks whose last position this write filled."""
+        full = np.unique(blocks[offsets == self.block_size - 1])
+        if len(full):
+            keys = self.dequantized_k(layer, full)
+            bk, bks = quant.quantize_bound_rows(keys.max(axis=2), keys.min(axis=2))
+            self.bound_k[layer][full] = bk
+            self.bound_k_scale[layer][full] = bks
+
     @property
     def nbytes(self) -> int:
         """Bytes of the pool's arrays (committed by the OS only as they are written)."""
-        arrays = (self.k, self.v, self.k_scale, self.v_scale, self.probe_k, self.probe_k_scale)
+        arrays = (self.k, self.v, self.k_scale, self.v_scale, self.probe_k, self.probe_k_scale,
+                  self.bound_k, self.bound_k_scale)
         return sum(a.nbytes for a in arrays if a is not None)
 
     # ---- accounting -------------------------------------------------------
@@ -132,10 +160,13 @@ class PagedKVCache:
     def bytes_per_token_per_layer(self) -> int:
         """K and V with their scales, plus the compact probe rows when sparse attention keeps them."""
         base = bytes_per_token_per_layer(self.kind, self.n_kv, self.head_dim)
-        if self.probe_k is None:
-            return base
-        rows = self.probe_k.shape[3]                     # copied rows per block
-        return base + round((base // 2) * rows / self.block_size)   # that share of K (half of base)
+        extra = 0
+        if self.probe_k is not None:
+            rows = self.probe_k.shape[3]                 # copied rows per block
+            extra += round((base // 2) * rows / self.block_size)    # that share of K (half of base)
+        if self.bound_k is not None:
+            extra += round(2 * self.n_kv * (self.head_dim + 4) / self.block_size)
+        return base + extra
 
     def blocks_needed(self, seq: SequenceBlocks, new_length: int) -> int:
         return max(0, -(-new_length // self.block_size) - len(seq.blocks))
@@ -161,7 +192,16 @@ class PagedKVCache:
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v float32[T, n_kv, hd] at positions start..start+T-1 of `seq` in `layer`."""
         if _kvops is None:
-            return self.write_reference(layer, seq, start, k, v)
+            self.write_reference(layer, seq, start, k, v)
+        else:
+            self._store(layer, seq, start, k, v)
+        bs = self.block_size
+        if self.bound_k is not None and (start + k.shape[0]) // bs > start // bs:   # a block filled up
+            pos = np.arange(start, start + k.shape[0])
+            blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // bs]
+            self._write_bounds(layer, blocks, pos % bs)
+
+    def _store(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         t = k.shape[0]
         bs = self.block_size
         pos = np.arange(start, start + t)

@@ -113,3 +113,29 @@ def quantize_kv_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def quantize_kv_q4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float[..., hd] -> (uint8[..., hd/2], float32[..., hd/32]): Q4_0 blocks, scales kept in float32."""
     return _q4_blocks(np.asarray(x, dtype=np.float32))
+
+
+def dequantize_kv(k: np.ndarray, ks: np.ndarray | None, kind: str) -> np.ndarray:
+    """KV cache rows back to float32: the inverse of quantize_kv_{q8,q4}; f32 rows as they are."""
+    if kind == "q8":
+        return k.astype(np.float32) * ks[..., None]
+    if kind == "q4":
+        vals = unpack_q4(k).astype(np.float32)
+        shape = vals.shape
+        return (vals.reshape(*shape[:-1], -1, QK) * ks[..., None]).reshape(shape)
+    return k
+
+
+def quantize_bound_rows(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Channel-wise key maxima and minima float[..., hd] -> (int8[..., 2, hd], float32[..., 2]).
+
+    q8 rows with one max-abs scale each, the maxima rounded up and the minima down, so that
+    q+ . max + q- . min stays an upper bound of q . k after quantization.
+    """
+    rows = np.stack([hi, lo], axis=-2).astype(np.float32)
+    d = np.abs(rows).max(axis=-1) / np.float32(127.0)
+    inv = np.divide(np.float32(1.0), d, out=np.zeros_like(d), where=d > 0)
+    scaled = rows * inv[..., None]
+    q = np.concatenate([np.ceil(scaled[..., :1, :]), np.floor(scaled[..., 1:, :])], axis=-2)
+    return np.clip(q, -127, 127).astype(np.int8), d.astype(np.float32)
+

@@ -54,14 +54,7 @@ def silu_mul(gate, up, out=None, path="simd"):
     return y.astype(np.float32)
 
 
-def _dequantize_kv(k, ks, kind):
-    if kind == "q8":
-        return k.astype(np.float32) * ks[..., None]
-    if kind == "q4":
-        vals = quant.unpack_q4(k).astype(np.float32)
-        shape = vals.shape
-        return (vals.reshape(*shape[:-1], -1, quant.QK) * ks[..., None]).reshape(shape)
-    return k
+_dequantize_kv = quant.dequantize_kv
 
 
 def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out, importance=None):
@@ -131,6 +124,35 @@ def attention_probe(kind, q, k, ks, table, count, probe, scale, pk=None, pks=Non
             rows = keys[b, h, 0:c:max(1, c // probe)]
             if len(rows):
                 out[h, i] = np.float32((qh @ rows.T).max() * scale)
+    return out
+
+
+def attention_probe_bound(kind, q, k, ks, bk, bks, table, count, ncand, scale, path="simd", threads=0):
+    """Bound-probe scores float32[n_kv, nblocks] (kernels.h attention_probe_bound): candidates by
+    q+ . max + q- . min over the bound rows, then the exact max q . K over their rows."""
+    r_len, hq, hd = q.shape
+    n_kv, bs = k.shape[1], k.shape[2]
+    group = hq // n_kv
+
+    def q8(x):
+        xq, xd = quant.quantize_rows_q8(x.reshape(-1, hd))
+        return (xq.reshape(-1, hd // quant.QK, quant.QK) * xd[..., None]).reshape(x.shape)
+
+    qs = q if kind == "f32" else q8(q)
+    q_pos, q_neg = q8(np.maximum(q, 0)), q8(np.minimum(q, 0))
+    keys = _dequantize_kv(k, ks, kind)
+    rows = bk.astype(np.float32) * bks[..., None]                     # [nblk, n_kv, 2, hd]
+    table, count = np.asarray(table), np.asarray(count)
+    full = np.nonzero(count == bs)[0]
+    out = np.full((n_kv, len(table)), -np.inf, np.float32)
+    for h in range(n_kv):
+        heads = slice(h * group, (h + 1) * group)
+        qh, ph, nh = (a[:, heads].reshape(-1, hd) for a in (qs, q_pos, q_neg))
+        bound = np.array([(ph @ rows[table[i], h, 0] + nh @ rows[table[i], h, 1]).max() for i in full])
+        cand = set(full[np.argsort(-bound, kind="stable")[:min(ncand, len(full))]].tolist())
+        for i, (b, c) in enumerate(zip(table, count)):
+            if c > 0 and (i in cand or c < bs):
+                out[h, i] = np.float32((qh @ keys[b, h, :c].T).max() * scale)
     return out
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger("appliance.serve")
 
 # flag dest -> settings key (flags left at None mean "not given": file/env/defaults apply)
 FLAG_KEYS = ("model", "host", "port", "api_key", "weights", "kv", "threads", "max_context", "kv_cache_tokens",
-             "sparse_attn", "sparse_k", "sparse_block", "sparse_probe", "max_queue", "max_batch",
+             "sparse_attn", "sparse_k", "sparse_block", "sparse_probe", "sparse_probe_mode", "max_queue", "max_batch",
              "request_timeout", "max_body_bytes", "grace_period", "log_level")
 
 
@@ -41,7 +41,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sparse-attn", action="store_true", default=None, help="block-sparse attention for long contexts")
     a("--sparse-k", type=int, metavar="K", help="blocks kept by sparse attention (default 32)")
     a("--sparse-block", type=int, metavar="N", help="positions per sparse block (default 32)")
-    a("--sparse-probe", type=int, metavar="N", help="probe samples per block (default 8)")
+    a("--sparse-probe", type=int, metavar="N", help="probe samples per block, strided probe mode (default 8)")
+    a("--sparse-probe-mode", choices=("bound", "strided"), help="sparse block scoring (default bound)")
     a("--threads", type=int, metavar="N", help="compute threads (default: the engine's choice)")
     a("--max-context", type=int, metavar="N", help="cap on context tokens (default: the model's)")
     a("--kv-cache-tokens", type=int, metavar="N", help="KV pool size in tokens, shared by all sequences")

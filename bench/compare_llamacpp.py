@@ -157,7 +157,8 @@ def worker_llama(args) -> dict:
 # ---- worker: our engine -----------------------------------------------------------------
 def _load_engine(args):
     from appliance import Engine
-    sparse = {"k": args.sparse_k, "block": 32, "probe": 8} if args.sparse_k else None
+    sparse = ({"k": args.sparse_k, "block": 32, "probe": 8, "probe_mode": args.sparse_probe_mode}
+              if args.sparse_k else None)
     return Engine.load(str(args.model), weights=args.weights, kv=args.kv, threads=args.threads,
                        max_context=args.max_context, sparse=sparse, progress=False)
 
@@ -181,7 +182,7 @@ def worker_ours(args) -> dict:
     kv_capacity_bytes = cache.nbytes      # with sparse attention, also the compact probe rows
     per_token = kv_capacity_bytes // (cache.n_blocks * cache.block_size)
     res = {"engine": "ours", "weights": args.weights, "kv": args.kv, "threads": e.threads,
-           "sparse_k": args.sparse_k or None,
+           "sparse_k": args.sparse_k or None, "sparse_probe_mode": args.sparse_probe_mode if args.sparse_k else None,
            "kernel_path": kernels.kernel_path(), "max_context": e.max_context, "load_s": load_s,
            "weight_bytes": e.weight_bytes, "kv_capacity_bytes": kv_capacity_bytes,
            "kv_bytes_per_token": per_token,
@@ -266,7 +267,9 @@ def parse_args(argv=None):
     ap.add_argument("--kv", default="q8", help="our KV cache kind (default q8)")
     ap.add_argument("--sparse-k", type=int, default=0,
                     help="also time our engine with block-sparse attention keeping K blocks "
-                         "(block 32, probe 8) as an extra column; 0: exact only (default)")
+                         "(block 32) as an extra column; 0: exact only (default)")
+    ap.add_argument("--sparse-probe-mode", choices=("bound", "strided"), default="bound",
+                    help="block scoring of the sparse column: bound (default) or strided, probe 8")
     ap.add_argument("--llama-from", type=Path,
                     help="take the llama.cpp results from an earlier --json file instead of measuring "
                          "them again (contexts it lacks show '-')")
@@ -400,7 +403,8 @@ def main(argv=None) -> int:
             if args.sparse_k:
                 log(f"  block-sparse attention, k={args.sparse_k}")
                 t0 = time.perf_counter()
-                ours_sparse = run_worker("ours", args, extra + extra_engine + ["--sparse-k", str(args.sparse_k)],
+                ours_sparse = run_worker("ours", args, extra + extra_engine + ["--sparse-k", str(args.sparse_k),
+                                                                         "--sparse-probe-mode", args.sparse_probe_mode],
                                          results_dir / "ours-sparse.json")
                 timings["ours_sparse_s"] = time.perf_counter() - t0
 

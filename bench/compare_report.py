@@ -93,7 +93,9 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
         k = ours_sparse.get("sparse_k")
         head = (f"{'context':>8} | {'sparse ms/tok':>13} | {'vs llama.cpp':>12} | {'vs exact':>8} | "
                 f"{'sparse attn ms':>14} | {'exact attn ms':>13} | target")
-        lines += ["", f"block-sparse decode (ours, k={k}, block 32, probe 8) against llama.cpp "
+        mode = ours_sparse.get("sparse_probe_mode") or "strided"
+        probe = "bound probe" if mode == "bound" else "strided probe 8"
+        lines += ["", f"block-sparse decode (ours, k={k}, block 32, {probe}) against llama.cpp "
                       f"[{ref_name}] and our exact attention:", head, "-" * len(head)]
         sparse_rows = []
         for n in contexts:

@@ -28,6 +28,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include "topk.h"
 
 enum { ATTN_KV_Q8, ATTN_KV_Q4, ATTN_KV_F32 };
 
@@ -339,8 +340,9 @@ void ATTN_NAME(attention_importance)(int kind, const float *q, int64_t T, int64_
 /* ---- the probe of block-sparse attention ---------------------------------------------
  * Semantics: sparse_attention.h (sparse_probe_compact). Here the scores come from this path's
  * attn_scores_* primitive: a full block's sampled rows are one contiguous run of pbs rows in
- * the compact copy pk, scored in one call like a short slab; other blocks score their sampled
- * rows one at a time. Parallel over kv heads. */
+ * the compact copy pk, scored in one call like a short slab, and so is a whole slab when every
+ * row is sampled (step 1); other blocks score their sampled rows one at a time. Parallel over
+ * kv heads. */
 static void ATTN_NAME(probe_rows)(int kind, const int8_t *qq, const float *qd, const float *qf,
                                   int64_t rows, int64_t hd, const void *k, const float *ks,
                                   int64_t row0, int64_t m, float scale, float *s, int64_t ld,
@@ -404,10 +406,13 @@ void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_k
                 const int64_t n = count[i];
                 const int64_t step = n / probe > 1 ? n / probe : 1;
                 float best = -INFINITY;
-                if (pk != NULL && n == bs) {
-                    const int64_t m = (n + step - 1) / step;     /* == pbs */
-                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, pk, pks,
-                                          ((int64_t)table[i] * n_kv + h) * pbs, m, scale, s, ld, work);
+                if ((pk != NULL && n == bs) || step == 1) {
+                    /* One contiguous run: the compact copy's pbs rows, or (step 1) the slab itself. */
+                    const int compact = pk != NULL && n == bs;
+                    const int64_t m = (n + step - 1) / step;     /* == pbs when compact */
+                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, compact ? pk : k, compact ? pks : ks,
+                                          ((int64_t)table[i] * n_kv + h) * (compact ? pbs : bs), m, scale, s,
+                                          ld, work);
                     for (int64_t r = 0; r < rows; r++) {
                         const float b = attn_max(s + r * ld, m);
                         best = b > best ? b : best;
@@ -427,3 +432,110 @@ void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_k
         free(base);
     }
 }
+
+/* ---- the bound probe: a cheap upper bound picks candidates, an exact max scores them -------
+ * Semantics: kernels.h (attention_probe_bound). Per kv head: the query rows are split into
+ * their positive and negative parts, q = q+ + q-, so that for a block with channel-wise key
+ * maxima M and minima m, q+ . M + q- . m >= q . K[row] for every row (each channel's product
+ * is largest at M where q > 0 and at m where q < 0). Both parts are scored against the block's
+ * two bound rows with the q8 score primitive; the ncand best bounds, and every block that is
+ * not full (no bound yet), then get the exact max over all their rows. */
+void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                      int64_t hd, const void *k, const float *ks, int64_t bs,
+                                      const int8_t *bk, const float *bks, const int32_t *table,
+                                      const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                      float *scores, int nthreads)
+{
+    const int64_t nb = hd / QK;
+    const int64_t rows = R * group;            /* query rows scored per kv head */
+    const int64_t Hq = n_kv * group;
+    const int64_t ld = (bs + 15) & ~(int64_t)15;
+    int nt = kernels_threads(nthreads);
+    if (nt > n_kv)
+        nt = (int)n_kv;
+    if (nblocks * n_kv * 2 + ncand * n_kv * bs < ATTN_PARALLEL_MIN_ROWS)
+        nt = 1;
+    const size_t a64 = 63;
+    const size_t sz_qf = ((size_t)2 * rows * hd * sizeof(float) + a64) & ~a64;   /* q, then q+ and q- */
+    const size_t sz_qq = ((size_t)2 * 2 * rows * hd + a64) & ~a64;
+    const size_t sz_qd = ((size_t)2 * rows * nb * sizeof(float) + a64) & ~a64;
+    const size_t sz_s = ((size_t)2 * rows * ld * sizeof(float) + a64) & ~a64;
+    const size_t sz_b = ((size_t)nblocks * sizeof(float) + a64) & ~a64;
+    const size_t sz_mark = ((size_t)nblocks + a64) & ~a64;
+    const size_t scratch = 2 * sz_qf + 2 * sz_qq + 2 * sz_qd + sz_s + 2 * sz_b + sz_mark + (size_t)ld * hd;
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        unsigned char *base = NULL;
+        if (posix_memalign((void **)&base, 64, scratch) != 0)
+            base = NULL;
+        unsigned char *p = base;
+        float *qf = (float *)p;        p += sz_qf;    /* the unit's query rows */
+        float *qpm = (float *)p;       p += sz_qf;    /* [q+ rows; q- rows] */
+        int8_t *qq = (int8_t *)p;      p += sz_qq;
+        int8_t *qqb = (int8_t *)p;     p += sz_qq;
+        float *qd = (float *)p;        p += sz_qd;
+        float *qdb = (float *)p;       p += sz_qd;
+        float *s = (float *)p;         p += sz_s;
+        float *bound = (float *)p;     p += sz_b;
+        float *tmp = (float *)p;       p += sz_b;
+        uint8_t *mark = (uint8_t *)p;  p += sz_mark;
+        int8_t *work = (int8_t *)p;
+
+        #pragma omp for schedule(static)
+        for (int64_t h = 0; h < n_kv; h++) {
+            if (base == NULL) {   /* out of memory: NaN scores, not a crash */
+                for (int64_t i = 0; i < nblocks; i++)
+                    scores[h * nblocks + i] = NAN;
+                continue;
+            }
+            for (int64_t r = 0; r < R; r++)
+                memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
+            for (int64_t i = 0; i < rows * hd; i++) {
+                qpm[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
+                qpm[rows * hd + i] = qf[i] < 0.0f ? qf[i] : 0.0f;
+            }
+            attn_quantize_q(qpm, 2 * rows, hd, qqb, qdb);
+            if (kind != ATTN_KV_F32)
+                attn_quantize_q(qf, rows, hd, qq, qd);
+
+            /* Stage 1: bounds of the full blocks. */
+            int64_t nfull = 0;
+            for (int64_t i = 0; i < nblocks; i++) {
+                mark[i] = 0;
+                bound[i] = -INFINITY;
+                if (count[i] != bs)
+                    continue;
+                nfull++;
+                const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
+                attn_scores_q8(qqb, qdb, 2 * rows, hd, bk + slab * hd, bks + slab, 2, 1.0f, s, ld);
+                float best = -INFINITY;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float b = s[r * ld] + s[(rows + r) * ld + 1];   /* q+ . M + q- . m */
+                    best = b > best ? b : best;
+                }
+                bound[i] = best;
+            }
+            const int64_t m = ncand < nfull ? ncand : nfull;
+            if (m > 0)
+                mark_best(bound, NULL, nblocks, m, mark, tmp);
+
+            /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
+            for (int64_t i = 0; i < nblocks; i++) {
+                float best = -INFINITY;
+                const int64_t n = count[i];
+                if ((mark[i] || n != bs) && n > 0) {
+                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, k, ks, ((int64_t)table[i] * n_kv + h) * bs,
+                                          n, scale, s, ld, work);
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float b = attn_max(s + r * ld, n);
+                        best = b > best ? b : best;
+                    }
+                }
+                scores[h * nblocks + i] = best;
+            }
+        }
+        free(base);
+    }
+}
+

@@ -94,6 +94,16 @@ void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int
                              probe, scale, scores, nthreads);
 }
 
+void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, int64_t bs,
+                                   const int8_t *bk, const float *bks, const int32_t *table,
+                                   const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                   float *scores, int nthreads)
+{
+    attention_probe_bound_portable(kind, q, R, n_kv, group, hd, k, ks, bs, bk, bks, table, count, nblocks,
+                                   ncand, scale, scores, nthreads);
+}
+
 #endif /* !KERNELS_HAVE_SIMD */
 
 const char *kernel_path(void)

@@ -142,6 +142,27 @@ void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int
                           const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
                           int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads);
 
+/* The bound probe of block-sparse attention (the engine's default probe; see appliance/sparse.py).
+ * bk int8[nblk, n_kv, 2, hd], bks float[nblk, n_kv, 2]: per full block and kv head, the
+ * channel-wise maximum (row 0, rounded up) and minimum (row 1, rounded down) of its K rows,
+ * quantized as q8 rows. Per kv head h and listed block i: if count[i] == bs the bound
+ * max over query rows of (q+ . max + q- . min) >= every q . K[row] is computed (q+/q- the
+ * positive/negative parts of each query row, quantized as q8); the ncand full blocks with the
+ * highest bound (ties to the lower index) and every block with count[i] < bs then score
+ * scores[h, i] = scale * max over query rows and all count[i] rows of q . K[row] (the exact
+ * max-dot, as attention_probe with one row per step); the other blocks score -INFINITY.
+ * q float[R, n_kv*group, hd]; kind and k/ks as attention_probe. Parallel over kv heads.   */
+void attention_probe_bound_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, int64_t bs,
+                                   const int8_t *bk, const float *bks, const int32_t *table,
+                                   const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                   float *scores, int nthreads);
+void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, int64_t bs,
+                                   const int8_t *bk, const float *bks, const int32_t *table,
+                                   const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                   float *scores, int nthreads);
+
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */
 int kernel_cpu_supported(void);       /* 1 if this CPU runs the compiled SIMD path (AT_HWCAP / cpuid) */

@@ -82,6 +82,17 @@ cdef extern from "kernels.h" nogil:
                               const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
                               int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
 
+    void attention_probe_bound_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, int64_t bs,
+                                   const int8_t *bk, const float *bks, const int32_t *table,
+                                   const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                   float *scores, int nthreads)
+    void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                   int64_t hd, const void *k, const float *ks, int64_t bs,
+                                   const int8_t *bk, const float *bks, const int32_t *table,
+                                   const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                   float *scores, int nthreads)
+
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()
     const char *kernel_cpu_features()

@@ -461,24 +461,18 @@ def attention_f32(q, k, v, table, blockpos, count, qpos, float scale, out=None, 
                       threads, importance)
 
 
-def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk=None, pks=None,
-                    path="simd", int threads=0):
-    """float32[n_kv, nblocks] block-sparse probe scores over one cache layer (kernels.h).
-
-    kind "q8" | "q4" | "f32"; q float32[R, Hq, hd]; k, ks the layer's K arrays as in
-    attention_*; table, count int32[nblocks]; pk, pks the layer's compact copy of the probed
-    rows (PagedKVCache.enable_probe_rows), read for full blocks, or None.
-    """
-    cdef int c_kind
+cdef int _probe_kind(str kind) except -1:
     if kind == "q8":
-        c_kind = ATTN_Q8
-    elif kind == "q4":
-        c_kind = ATTN_Q4
-    elif kind == "f32":
-        c_kind = ATTN_F32
-    else:
-        raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
-    cdef bint simd = _use_simd(path)
+        return ATTN_Q8
+    if kind == "q4":
+        return ATTN_Q4
+    if kind == "f32":
+        return ATTN_F32
+    raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
+
+
+cdef object _check_probe_args(int c_kind, object q, object k, object ks, object table, object count):
+    """Validate the arguments both probes share; returns (want dtype pair, R, Hq, hd, nblk, n_kv, bs, nblocks)."""
     _check(q, "q", cnp.NPY_FLOAT32, 3, 0, "float32 [R, Hq, hd]")
     want = {ATTN_Q8: (cnp.NPY_INT8, "int8"), ATTN_Q4: (cnp.NPY_UINT8, "uint8"),
             ATTN_F32: (cnp.NPY_FLOAT32, "float32")}[c_kind]
@@ -494,6 +488,30 @@ def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk
         _check(ks, "ks", cnp.NPY_FLOAT32, 3 if c_kind == ATTN_Q8 else 4, 0, "float32 K scales")
         if tuple(ks.shape[:3]) != (nblk, n_kv, bs):
             raise ValueError(f"ks has shape {ks.shape}, k has {k.shape}")
+    _check(table, "table", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
+    _check(count, "count", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
+    cdef Py_ssize_t nblocks = _dim(table, 0)
+    _check_dim(_dim(count, 0), nblocks, "count.shape[0]")
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    cdef Py_ssize_t i
+    for i in range(nblocks):
+        if tp[i] < 0 or tp[i] >= nblk or cp[i] < 0 or cp[i] > bs:
+            raise ValueError(f"table/count entry {i} ({tp[i]}, {cp[i]}) is out of range for this cache")
+    return want, R, Hq, hd, nblk, n_kv, bs, nblocks
+
+
+def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk=None, pks=None,
+                    path="simd", int threads=0):
+    """float32[n_kv, nblocks] block-sparse probe scores over one cache layer (kernels.h).
+
+    kind "q8" | "q4" | "f32"; q float32[R, Hq, hd]; k, ks the layer's K arrays as in
+    attention_*; table, count int32[nblocks]; pk, pks the layer's compact copy of the probed
+    rows (PagedKVCache.enable_probe_rows), read for full blocks, or None.
+    """
+    cdef int c_kind = _probe_kind(kind)
+    cdef bint simd = _use_simd(path)
+    want, R, Hq, hd, nblk, n_kv, bs, nblocks = _check_probe_args(c_kind, q, k, ks, table, count)
     cdef Py_ssize_t pbs = 0
     if pk is not None:
         if probe < 1 or bs // probe < 1:
@@ -507,16 +525,6 @@ def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk
             _check(pks, "pks", cnp.NPY_FLOAT32, ks.ndim, 0, "float32 compact K scales")
             if tuple(pks.shape) != (nblk, n_kv, pbs) + tuple(ks.shape[3:]):
                 raise ValueError(f"pks has shape {pks.shape}, pk has {pk.shape}")
-    _check(table, "table", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
-    _check(count, "count", cnp.NPY_INT32, 1, 0, "int32 [nblocks]")
-    cdef Py_ssize_t nblocks = _dim(table, 0)
-    _check_dim(_dim(count, 0), nblocks, "count.shape[0]")
-    cdef const int32_t *tp = <const int32_t *>_data(table)
-    cdef const int32_t *cp = <const int32_t *>_data(count)
-    cdef Py_ssize_t i
-    for i in range(nblocks):
-        if tp[i] < 0 or tp[i] >= nblk or cp[i] < 0 or cp[i] > bs:
-            raise ValueError(f"table/count entry {i} ({tp[i]}, {cp[i]}) is out of range for this cache")
     out = np.empty((n_kv, nblocks), np.float32)
     if nblocks == 0 or R == 0:
         out.fill(-np.inf)
@@ -533,15 +541,64 @@ def attention_probe(str kind, q, k, ks, table, count, int probe, float scale, pk
         if c_kind != ATTN_F32:
             pksp = <const float *>_data(pks)
     cdef float *op = <float *>_data(out)
-    cdef Py_ssize_t group = Hq // n_kv
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    cdef int64_t c_R = R, c_nkv = n_kv, c_group = Hq // n_kv, c_hd = hd, c_bs = bs, c_pbs = pbs
+    cdef int64_t c_nblocks = nblocks
     cdef int nt = threads
     with nogil:
         if simd:
-            attention_probe_simd(c_kind, qp, R, n_kv, group, hd, kp, ksp, bs, pkp, pksp, pbs, tp, cp,
-                                 nblocks, probe, scale, op, nt)
+            attention_probe_simd(c_kind, qp, c_R, c_nkv, c_group, c_hd, kp, ksp, c_bs, pkp, pksp, c_pbs, tp, cp,
+                                 c_nblocks, probe, scale, op, nt)
         else:
-            attention_probe_portable(c_kind, qp, R, n_kv, group, hd, kp, ksp, bs, pkp, pksp, pbs, tp, cp,
-                                     nblocks, probe, scale, op, nt)
+            attention_probe_portable(c_kind, qp, c_R, c_nkv, c_group, c_hd, kp, ksp, c_bs, pkp, pksp, c_pbs,
+                                     tp, cp, c_nblocks, probe, scale, op, nt)
+    return out
+
+
+def attention_probe_bound(str kind, q, k, ks, bk, bks, table, count, int ncand, float scale, path="simd",
+                          int threads=0):
+    """float32[n_kv, nblocks] bound-probe scores over one cache layer (kernels.h): the exact max
+    q . K of the ncand full blocks with the highest key bound and of every block not full,
+    -inf for the rest.
+
+    kind, q, k, ks, table, count as attention_probe; bk int8[nblk, n_kv, 2, hd] and
+    bks float32[nblk, n_kv, 2] the layer's bound rows (PagedKVCache.enable_bound_rows).
+    """
+    cdef int c_kind = _probe_kind(kind)
+    cdef bint simd = _use_simd(path)
+    want, R, Hq, hd, nblk, n_kv, bs, nblocks = _check_probe_args(c_kind, q, k, ks, table, count)
+    if ncand < 0:
+        raise ValueError(f"ncand must be >= 0, got {ncand}")
+    _check(bk, "bk", cnp.NPY_INT8, 4, 0, "int8 [nblk, n_kv, 2, hd]")
+    _check(bks, "bks", cnp.NPY_FLOAT32, 3, 0, "float32 [nblk, n_kv, 2]")
+    if tuple(bk.shape) != (nblk, n_kv, 2, hd) or tuple(bks.shape) != (nblk, n_kv, 2):
+        raise ValueError(f"bound rows have shapes {bk.shape} and {bks.shape}; this cache needs "
+                         f"{(nblk, n_kv, 2, hd)} and {(nblk, n_kv, 2)}")
+    out = np.empty((n_kv, nblocks), np.float32)
+    if nblocks == 0 or R == 0:
+        out.fill(-np.inf)
+        return out
+    cdef const float *qp = <const float *>_data(q)
+    cdef const void *kp = _data(k)
+    cdef const float *ksp = NULL
+    if c_kind != ATTN_F32:
+        ksp = <const float *>_data(ks)
+    cdef const int8_t *bkp = <const int8_t *>_data(bk)
+    cdef const float *bksp = <const float *>_data(bks)
+    cdef float *op = <float *>_data(out)
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    cdef int64_t c_R = R, c_nkv = n_kv, c_group = Hq // n_kv, c_hd = hd, c_bs = bs
+    cdef int64_t c_nblocks = nblocks, c_ncand = ncand
+    cdef int nt = threads
+    with nogil:
+        if simd:
+            attention_probe_bound_simd(c_kind, qp, c_R, c_nkv, c_group, c_hd, kp, ksp, c_bs, bkp, bksp, tp, cp,
+                                       c_nblocks, c_ncand, scale, op, nt)
+        else:
+            attention_probe_bound_portable(c_kind, qp, c_R, c_nkv, c_group, c_hd, kp, ksp, c_bs, bkp, bksp, tp,
+                                           cp, c_nblocks, c_ncand, scale, op, nt)
     return out
 
 
