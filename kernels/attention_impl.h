@@ -450,19 +450,25 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
     const int64_t rows = R * group;            /* query rows scored per kv head */
     const int64_t Hq = n_kv * group;
     const int64_t ld = (bs + 15) & ~(int64_t)15;
+    const int64_t ldb = (nblocks + 15) & ~(int64_t)15;
     int nt = kernels_threads(nthreads);
     if (nt > n_kv)
         nt = (int)n_kv;
     if (nblocks * n_kv * 2 + ncand * n_kv * bs < ATTN_PARALLEL_MIN_ROWS)
         nt = 1;
     const size_t a64 = 63;
-    const size_t sz_qf = ((size_t)2 * rows * hd * sizeof(float) + a64) & ~a64;   /* q, then q+ and q- */
-    const size_t sz_qq = ((size_t)2 * 2 * rows * hd + a64) & ~a64;
-    const size_t sz_qd = ((size_t)2 * rows * nb * sizeof(float) + a64) & ~a64;
-    const size_t sz_s = ((size_t)2 * rows * ld * sizeof(float) + a64) & ~a64;
+    const size_t sz_qf = ((size_t)rows * hd * sizeof(float) + a64) & ~a64;
+    const size_t sz_qq = ((size_t)2 * rows * hd + a64) & ~a64;
+    const size_t sz_qd = ((size_t)rows * nb * sizeof(float) + a64) & ~a64;
+    const size_t sz_s = ((size_t)rows * (ld > ldb ? ld : ldb) * sizeof(float) + a64) & ~a64;
+    const size_t sz_rows = ((size_t)nblocks * hd + a64) & ~a64;
     const size_t sz_b = ((size_t)nblocks * sizeof(float) + a64) & ~a64;
+    const size_t sz_idx = ((size_t)nblocks * sizeof(int64_t) + a64) & ~a64;
     const size_t sz_mark = ((size_t)nblocks + a64) & ~a64;
-    const size_t scratch = 2 * sz_qf + 2 * sz_qq + 2 * sz_qd + sz_s + 2 * sz_b + sz_mark + (size_t)ld * hd;
+    /* q, q+, q- (float, then q8), two score matrices, the gathered max/min rows and their
+     * scales, bounds, quickselect scratch, block indices, marks, q4 unpack space. */
+    const size_t scratch = 3 * sz_qf + 3 * sz_qq + 3 * sz_qd + 2 * sz_s + 2 * sz_rows + 4 * sz_b + sz_idx +
+                           sz_mark + (size_t)ld * hd;
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -471,14 +477,23 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
             base = NULL;
         unsigned char *p = base;
         float *qf = (float *)p;        p += sz_qf;    /* the unit's query rows */
-        float *qpm = (float *)p;       p += sz_qf;    /* [q+ rows; q- rows] */
+        float *qpf = (float *)p;       p += sz_qf;    /* their positive parts */
+        float *qnf = (float *)p;       p += sz_qf;    /* their negative parts */
         int8_t *qq = (int8_t *)p;      p += sz_qq;
-        int8_t *qqb = (int8_t *)p;     p += sz_qq;
+        int8_t *qqp = (int8_t *)p;     p += sz_qq;
+        int8_t *qqn = (int8_t *)p;     p += sz_qq;
         float *qd = (float *)p;        p += sz_qd;
-        float *qdb = (float *)p;       p += sz_qd;
+        float *qdp = (float *)p;       p += sz_qd;
+        float *qdn = (float *)p;       p += sz_qd;
         float *s = (float *)p;         p += sz_s;
+        float *s2 = (float *)p;        p += sz_s;
+        int8_t *hi = (int8_t *)p;      p += sz_rows;  /* gathered max rows of the full blocks */
+        int8_t *lo = (int8_t *)p;      p += sz_rows;  /* ... and min rows */
+        float *his = (float *)p;       p += sz_b;
+        float *los = (float *)p;       p += sz_b;
         float *bound = (float *)p;     p += sz_b;
         float *tmp = (float *)p;       p += sz_b;
+        int64_t *full = (int64_t *)p;  p += sz_idx;
         uint8_t *mark = (uint8_t *)p;  p += sz_mark;
         int8_t *work = (int8_t *)p;
 
@@ -492,33 +507,42 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
             for (int64_t r = 0; r < R; r++)
                 memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
             for (int64_t i = 0; i < rows * hd; i++) {
-                qpm[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
-                qpm[rows * hd + i] = qf[i] < 0.0f ? qf[i] : 0.0f;
+                qpf[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
+                qnf[i] = qf[i] < 0.0f ? qf[i] : 0.0f;
             }
-            attn_quantize_q(qpm, 2 * rows, hd, qqb, qdb);
+            attn_quantize_q(qpf, rows, hd, qqp, qdp);
+            attn_quantize_q(qnf, rows, hd, qqn, qdn);
             if (kind != ATTN_KV_F32)
                 attn_quantize_q(qf, rows, hd, qq, qd);
 
-            /* Stage 1: bounds of the full blocks. */
+            /* Stage 1: the full blocks' bound rows side by side, scored in one call per part (a
+             * call per block cost more than the dots: 2 rows is too short a slab). */
             int64_t nfull = 0;
             for (int64_t i = 0; i < nblocks; i++) {
                 mark[i] = 0;
                 bound[i] = -INFINITY;
                 if (count[i] != bs)
                     continue;
-                nfull++;
                 const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
-                attn_scores_q8(qqb, qdb, 2 * rows, hd, bk + slab * hd, bks + slab, 2, 1.0f, s, ld);
-                float best = -INFINITY;
-                for (int64_t r = 0; r < rows; r++) {
-                    const float b = s[r * ld] + s[(rows + r) * ld + 1];   /* q+ . M + q- . m */
-                    best = b > best ? b : best;
-                }
-                bound[i] = best;
+                memcpy(hi + nfull * hd, bk + slab * hd, (size_t)hd);
+                memcpy(lo + nfull * hd, bk + (slab + 1) * hd, (size_t)hd);
+                his[nfull] = bks[slab];
+                los[nfull] = bks[slab + 1];
+                full[nfull++] = i;
             }
-            const int64_t m = ncand < nfull ? ncand : nfull;
-            if (m > 0)
-                mark_best(bound, NULL, nblocks, m, mark, tmp);
+            if (nfull > 0) {
+                attn_scores_q8(qqp, qdp, rows, hd, hi, his, nfull, 1.0f, s, ldb);
+                attn_scores_q8(qqn, qdn, rows, hd, lo, los, nfull, 1.0f, s2, ldb);
+                for (int64_t f = 0; f < nfull; f++) {
+                    float best = -INFINITY;
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float b = s[r * ldb + f] + s2[r * ldb + f];   /* q+ . max + q- . min */
+                        best = b > best ? b : best;
+                    }
+                    bound[full[f]] = best;
+                }
+                mark_best(bound, NULL, nblocks, ncand < nfull ? ncand : nfull, mark, tmp);
+            }
 
             /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
             for (int64_t i = 0; i < nblocks; i++) {
@@ -538,4 +562,3 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
         free(base);
     }
 }
-
