@@ -23,7 +23,7 @@ def test_precedence_file_env_flags(tmp_path):
     assert s.port == 9200            # flag beats env beats file
     assert s.max_batch == 3          # env beats file
     assert s.weights == "q4" and s.sparse_attn is True and s.host == "0.0.0.0"   # file beats defaults
-    assert s.sparse_config() == {"k": 32, "block": 32, "probe": 8}
+    assert s.sparse_config() == {"k": 32, "block": 32, "probe": 8, "probe_mode": "bound"}
 
 
 def test_config_file_from_env(tmp_path):

@@ -62,12 +62,19 @@ def test_block_importance_sums_tokens():
     assert sums.tolist() == [tokens[:32].sum(), tokens[32:64].sum(), tokens[64:].sum()]
 
 
+def test_probe_mode_is_checked():
+    assert SparseConfig().probe_mode == "bound"
+    with pytest.raises(ValueError, match="probe_mode"):
+        SparseConfig(probe_mode="random")
+
+
 @pytest.mark.parametrize("kv", ["q8", "q4", "f32"])
-def test_sparse_with_k_covering_all_blocks_equals_exact(tiny_qwen3_dir, kv):
+@pytest.mark.parametrize("mode", ["bound", "strided"])
+def test_sparse_with_k_covering_all_blocks_equals_exact(tiny_qwen3_dir, kv, mode):
     ids = list(np.random.default_rng(2).integers(3, 400, size=300))
     exact = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False)
     sparse = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False,
-                         sparse={"k": 64, "block": 32, "probe": 8})
+                         sparse={"k": 64, "block": 32, "probe": 8, "probe_mode": mode})
     prompt = [int(t) for t in ids]
     a = exact.generate(prompt, stream=False, max_tokens=6, temperature=0.0, ignore_eos=True)
     b = sparse.generate(prompt, stream=False, max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -75,9 +82,10 @@ def test_sparse_with_k_covering_all_blocks_equals_exact(tiny_qwen3_dir, kv):
 
 
 @pytest.mark.parametrize("kv", ["q8", "q4", "f32"])
-def test_sparse_small_k_runs_and_is_deterministic(tiny_qwen3_dir, kv):
+@pytest.mark.parametrize("mode", ["bound", "strided"])
+def test_sparse_small_k_runs_and_is_deterministic(tiny_qwen3_dir, kv, mode):
     engine = Engine.load(tiny_qwen3_dir, weights="q8", kv=kv, progress=False,
-                         sparse={"k": 2, "block": 32, "probe": 8})
+                         sparse={"k": 2, "block": 32, "probe": 8, "probe_mode": mode})
     prompt = [int(t) for t in np.random.default_rng(3).integers(3, 400, size=400)]
     runs = [engine.generate(prompt, stream=False, max_tokens=8, temperature=0.0, ignore_eos=True)["token_ids"]
             for _ in range(2)]

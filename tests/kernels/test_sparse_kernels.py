@@ -283,3 +283,111 @@ def test_attention_probe_rejects_mismatched_arrays():
         _kernels.attention_probe("q8", q, kq, ks, table, count, 8, 0.1, pk=kq, pks=ks)
     with pytest.raises(ValueError):
         _kernels.attention_probe("q8", q[:, :3], kq, ks, table, count, 8, 0.1)
+
+
+# ---- the bound probe --------------------------------------------------------------------------
+def _filled_cache(kind, rng, n_tokens=200, n_kv=2, hd=64, step_from=150):
+    """A one-layer cache written like an engine does: a prefill chunk, then one token at a time."""
+    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    cache = PagedKVCache(1, n_kv, hd, kind, 32, 32 * 10)
+    cache.enable_bound_rows()
+    seq = SequenceBlocks()
+    cache.reserve(seq, n_tokens)
+    keys = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    cache.write(0, seq, 0, keys[:step_from], keys[:step_from])
+    for t in range(step_from, n_tokens):
+        cache.write(0, seq, t, keys[t:t + 1], keys[t:t + 1])
+    seq.length = n_tokens
+    return cache, seq
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+def test_bound_rows_bound_every_key_of_their_block(kind):
+    """Written when a block's last position is (in a prefill chunk or a decode step), from the
+    keys as stored; the max row rounds up and the min row down, so they bound every key."""
+    cache, seq = _filled_cache(kind, np.random.default_rng(5))
+    table, _, count = seq.views(32)
+    full = table[count == 32]
+    assert len(full) == 6                                     # 200 tokens: 6 full blocks + 8 rows
+    keys = cache.dequantized_k(0, full)                      # [6, n_kv, 32, hd]
+    rows = cache.bound_k[0][full].astype(np.float32) * cache.bound_k_scale[0][full][..., None]
+    assert (rows[:, :, 0, None, :] >= keys).all() and (rows[:, :, 1, None, :] <= keys).all()
+    # tight: within one quantization step of the true max/min
+    step = cache.bound_k_scale[0][full][..., None]
+    assert (rows[:, :, 0] - keys.max(axis=2) <= step[:, :, 0] * 1.001).all()
+    assert (keys.min(axis=2) - rows[:, :, 1] <= step[:, :, 1] * 1.001).all()
+    assert not cache.bound_k[0][table[-1]].any()            # the partial block has none yet
+
+
+def _bound_probe(kind, cache, q, table, count, ncand, path="simd"):
+    ks = cache.k_scale[0] if cache.k_scale is not None else None
+    return kernels.attention_probe_bound(kind, q, cache.k[0], ks, cache.bound_k[0], cache.bound_k_scale[0],
+                                         table, count, ncand, 0.125, path=path)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+@pytest.mark.parametrize("path", ["simd", "portable"])
+@pytest.mark.parametrize("ncand", [0, 2, 5, 40])
+def test_attention_probe_bound_matches_numpy(kind, path, ncand):
+    rng = np.random.default_rng(6)
+    cache, seq = _filled_cache(kind, rng)
+    table, _, count = seq.views(32)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    got = _bound_probe(kind, cache, q, table, count, ncand, path)
+    ks = cache.k_scale[0] if cache.k_scale is not None else None
+    want = reference_ops.attention_probe_bound(kind, q, cache.k[0], ks, cache.bound_k[0],
+                                               cache.bound_k_scale[0], table, count, ncand, 0.125)
+    assert (np.isfinite(got) == np.isfinite(want)).all()
+    # per head: min(ncand, 6 full blocks) candidates plus the partial last block
+    assert (np.isfinite(got).sum(axis=1) == min(ncand, 6) + 1).all()
+    np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=PROBE_RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+def test_bound_probe_scores_candidates_with_the_exact_max(kind):
+    """With every block a candidate, the bound probe is the strided probe sampling every row."""
+    rng = np.random.default_rng(7)
+    cache, seq = _filled_cache(kind, rng)
+    table, _, count = seq.views(32)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    ks = cache.k_scale[0] if cache.k_scale is not None else None
+    every_row = kernels.attention_probe(kind, q, cache.k[0], ks, table, count, 32, 0.125)
+    np.testing.assert_array_equal(_bound_probe(kind, cache, q, table, count, 100), every_row)
+
+
+def test_bound_probe_finds_the_needle_row_strided_sampling_misses():
+    """One key in the middle of block 3 (row 10: not among rows 0, 4, 8, ...) matches the query.
+    The strided probe cannot see it; the key bound ranks block 3 first and the exact max
+    scores it highest. This is the demo model's retrieval failure in miniature."""
+    rng = np.random.default_rng(8)
+    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    cache = PagedKVCache(1, 1, 64, "q8", 32, 32 * 12)
+    cache.enable_bound_rows()
+    seq = SequenceBlocks()
+    cache.reserve(seq, 320)
+    keys = 0.3 * rng.standard_normal((320, 1, 64)).astype(np.float32)
+    q = rng.standard_normal((1, 1, 64)).astype(np.float32)
+    keys[3 * 32 + 10, 0] = 2.0 * q[0, 0] / np.linalg.norm(q[0, 0])
+    cache.write(0, seq, 0, keys, keys)
+    seq.length = 320
+    table, _, count = seq.views(32)
+    bound = _bound_probe("q8", cache, q, table, count, 3)
+    strided = kernels.attention_probe("q8", q, cache.k[0], cache.k_scale[0], table, count, 8, 0.125)
+    assert int(np.argmax(bound[0])) == 3
+    assert int(np.argmax(strided[0])) != 3
+
+
+def test_bound_probe_rejects_rows_that_do_not_fit_the_cache():
+    rng = np.random.default_rng(9)
+    cache, seq = _filled_cache("q8", rng)
+    table, _, count = seq.views(32)
+    q = np.zeros((1, 4, 64), np.float32)
+    with pytest.raises(ValueError, match="bound rows"):
+        kernels.attention_probe_bound("q8", q, cache.k[0], cache.k_scale[0],
+                                      np.ascontiguousarray(cache.bound_k[0][:, :, :1]),
+                                      cache.bound_k_scale[0], table, count, 4, 0.1)
+    with pytest.raises(ValueError, match="bk"):
+        kernels.attention_probe_bound("q8", q, cache.k[0], cache.k_scale[0], cache.bound_k[0][:, :, :1],
+                                      cache.bound_k_scale[0], table, count, 4, 0.1)
+    with pytest.raises(ValueError, match="ncand"):
+        _bound_probe("q8", cache, q, table, count, -1)
