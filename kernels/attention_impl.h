@@ -166,7 +166,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
         /* Kv head major: consecutive units (on every thread) scan the same head's rows. Within
          * a head the latest queries, which see the most rows, go first, so the dynamic
          * schedule ends on short units. */
-        for (int64_t w0 = 0; w0 < nunits; w0 += wave) {
+        for (int64_t w0 = 0; w0 < nunits; w0 += wave) {   /* one wave unless importance is kept */
         const int64_t w1 = w0 + wave < nunits ? w0 + wave : nunits;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t unit = w0; unit < w1; unit++) {
@@ -290,7 +290,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
                 }
             }
         }
-        }
+        }   /* waves */
         free(base);
     }
     free(contrib);
