@@ -217,7 +217,7 @@ def test_site_converges_and_builds_the_kernels_on_every_board(lab):
     assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
     for board in BOARDS:
         built = list(board_file(board, "/opt/appliance/releases").glob(
-            "*/venv/lib/python3*/site-packages/appliance/_kernels*.so"))
+            "*/venv/lib/python3*/site-packages/appliance/kernels/_kernels*.so"))
         assert len(built) == 1, f"{board}: kernels not built in its own /opt: {built}"
         assert board_file(board, "/etc/systemd/system/appliance.service").is_file()
         governor = LAB_DIR / "hosts" / board / "srv/fake-sysfs/class/devfreq/dmc/governor"
