@@ -45,7 +45,7 @@ bench: build
 	$(PY) bench/compare_llamacpp.py
 
 clean:
-	rm -rf build appliance/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
+	rm -rf build appliance/kernels/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
 
 include mk/arm.mk
 include mk/fleet.mk

@@ -1,4 +1,4 @@
-"""Builds appliance._kernels from kernels/ (C + Cython) with OpenMP.
+"""Builds appliance.kernels._kernels (and _kvops) from kernels/ (C + Cython) with OpenMP.
 
 Flags follow the *target* platform (sysconfig.get_platform() honours
 _PYTHON_HOST_PLATFORM, so cross builds for aarch64 work):
@@ -59,7 +59,7 @@ sources = [
 ]
 
 extension = Extension(
-    "appliance._kernels",
+    "appliance.kernels._kernels",
     sources,
     include_dirs=["kernels", numpy_include],
     extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"] + arch_flags,
@@ -70,7 +70,7 @@ extension = Extension(
 # KV cache writes and block-sparse attention helpers: plain C with the same flags
 # (kernels/kv_store.h, kernels/sparse_attention.h).
 kvops_extension = Extension(
-    "appliance._kvops",
+    "appliance.kernels._kvops",
     ["kernels/kvops.pyx", "kernels/kv_store.c", "kernels/sparse_attention.c"],
     include_dirs=["kernels", numpy_include],
     extra_compile_args=extension.extra_compile_args,

@@ -10,6 +10,6 @@ def __getattr__(name):
     # Imported lazily so that `import appliance` (the CLI's --help, the server's
     # config checks) works before the kernels are loaded.
     if name == "Engine":
-        from .engine import Engine
+        from appliance.engine.engine import Engine
         return Engine
     raise AttributeError(name)

@@ -5,6 +5,11 @@ APPLIANCE_CONFIG) < APPLIANCE_<KEY> environment variables < command-line flags.
 Everything is validated once, at start; a bad value stops the server with one line
 that names the key, where it came from, and what is allowed.
 
+Each setting is defined once, below: its type, default, choices, range and help. The
+settings file loader, the environment, `appliance serve`'s flags and the engine flags of
+the other commands (add_setting_flags) all derive from that one definition, and the
+Ansible role's argument specs are checked against it (tests/test_settings_schema.py).
+
 The settings file is flat YAML with the keys of `Settings` (Ansible templates it):
 
     model: /srv/models/Qwen3-0.6B
@@ -15,47 +20,75 @@ The settings file is flat YAML with the keys of `Settings` (Ansible templates it
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-WEIGHT_FORMATS = ("q8", "q4", "f32")
-KV_FORMATS = ("q8", "q4", "f32")
+from appliance.options import KV_FORMATS, PROBE_MODES, WEIGHT_FORMATS, SparseConfig
+
 ENV_PREFIX = "APPLIANCE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+PATH_KEYS = ("model", "sysfs_root")       # "~/models/..." means the user's home, as in a shell
+_SPARSE = SparseConfig()          # sparse attention's defaults
 
 
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range; the message is one line."""
 
 
+def setting(default, help: str, *, choices: tuple | None = None, low=None, high=None, positive: bool = False,
+            unit: str = "", metavar: str | None = None, flag: bool = True):
+    """One setting's definition: low/high bound a number (inclusive), positive asks for > 0, unit
+    names what it counts in messages; flag=False keeps it off the command line (file and env only)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "low": low, "high": high,
+                                            "positive": positive, "unit": unit, "metavar": metavar,
+                                            "flag": flag})
+
+
 @dataclass
 class Settings:
-    model: str | None = None          # model directory; None serves the embedded demo model
-    host: str = "127.0.0.1"
-    port: int = 8080
-    weights: str | None = None        # weight format: q8 | q4 | f32; None = the model family's default
-    kv: str = "q8"                    # KV cache format: q8 | q4 | f32
-    threads: int | None = None        # compute threads; None lets the engine choose
-    max_context: int | None = None    # cap on context tokens; None = the model's own
-    kv_cache_tokens: int | None = None  # KV pool size in tokens, shared by all sequences; None = engine's
-    sparse_attn: bool = False         # block-sparse attention (see ENGINE.md)
-    sparse_k: int = 32
-    sparse_block: int = 32
-    sparse_probe: int = 8
-    sparse_probe_mode: str = "bound"  # bound | strided (appliance/sparse.py)
-    api_key: str | None = None        # when set, /v1/* and /tokenize need `Authorization: Bearer`
-    max_queue: int = 16               # requests waiting for a decode slot before 503
-    max_batch: int = 8                # sequences decoded together in one step
-    request_timeout: float = 600.0    # seconds from arrival to the last token
-    # Larger request bodies get 413. Room for one camera photo: a 10 MB image (images.py
-    # MAX_IMAGE_BYTES) is 13.4 MB as a base64 data URL.
-    max_body_bytes: int = 16 << 20
-    image_url_hosts: str | None = None  # comma-separated hosts ("camera.local,*.lan") an image_url may fetch from; None: inline data: URLs only
-    sysfs_root: str = "/sys"          # tests point this at a fake tree
-    thermal_interval: float = 1.0     # seconds between thermal samples
-    grace_period: float = 30.0        # SIGTERM: seconds running requests get to finish
-    log_level: str = "info"
+    model: str | None = setting(None, "model directory (Hugging Face layout); default: the embedded demo model",
+                                metavar="DIR")
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8080, "port of the API, dashboard and metrics", low=1, high=65535)
+    weights: str | None = setting(None, "weight format; default: the model family's (q8; q4 for MoE)",
+                                  choices=WEIGHT_FORMATS)
+    kv: str = setting("q8", "KV cache format", choices=KV_FORMATS)
+    threads: int | None = setting(None, "compute threads; default: one per big core", low=1, high=256,
+                                  metavar="N")
+    max_context: int | None = setting(None, "cap on context tokens; default: the model's own", low=16,
+                                      metavar="N")
+    kv_cache_tokens: int | None = setting(None, "KV pool size in tokens, shared by all sequences; "
+                                                "default: one context", low=64, metavar="N")
+    sparse_attn: bool = setting(False, "block-sparse attention for long contexts (docs/engine.md)")
+    sparse_k: int = setting(_SPARSE.k, "blocks kept per head by sparse attention", low=1, metavar="K")
+    sparse_block: int = setting(_SPARSE.block, "positions per sparse block", low=1, metavar="N")
+    sparse_probe: int = setting(_SPARSE.probe, "rows probed per block with --sparse-probe-mode strided",
+                                low=1, metavar="N")
+    sparse_probe_mode: str = setting(_SPARSE.probe_mode, "how sparse attention scores blocks: a key bound "
+                                     "then the exact max of the best k, or the max over sampled rows",
+                                     choices=PROBE_MODES)
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize",
+                                  metavar="KEY")
+    max_queue: int = setting(16, "requests waiting for a decode slot before 503", low=0, high=4096, metavar="N")
+    max_batch: int = setting(8, "sequences decoded together in one step", low=1, high=256, metavar="N")
+    request_timeout: float = setting(600.0, "seconds from a request's arrival to its last token",
+                                     positive=True, unit="seconds", metavar="S")
+    # Room for one camera photo: a 10 MB image (models/images.py MAX_IMAGE_BYTES) is 13.4 MB as
+    # a base64 data URL. Larger bodies get 413.
+    max_body_bytes: int = setting(16 << 20, "largest accepted request body in bytes", low=1024, metavar="N")
+    image_url_hosts: str | None = setting(None, "comma-separated hosts an image_url may fetch from "
+                                                "(\"camera.local,*.lan\"); default: inline data: URLs only",
+                                          metavar="HOSTS")
+    sysfs_root: str = setting("/sys", "sysfs root the thermal watch reads (tests point it at a fake tree)",
+                              flag=False)
+    thermal_interval: float = setting(1.0, "seconds between thermal samples", positive=True, unit="seconds",
+                                      flag=False)
+    grace_period: float = setting(30.0, "SIGTERM: seconds running requests get to finish",
+                                  low=0, unit="seconds", metavar="S")
+    log_level: str = setting("info", "log level", choices=LOG_LEVELS)
 
     @property
     def http_threads(self) -> int:
@@ -76,6 +109,7 @@ class Settings:
 
 
 KEYS = tuple(f.name for f in fields(Settings))
+FIELDS = {f.name: f for f in fields(Settings)}
 _TYPES = {f.name: f.type for f in fields(Settings)}
 
 
@@ -135,7 +169,37 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return _as_bool(key, value, source)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"{key} ({source}): expected a string, got {value!r}")
-    return str(value)
+    return os.path.expanduser(str(value)) if key in PATH_KEYS else str(value)
+
+
+def read_file(path: str) -> dict:
+    """Read a flat YAML settings file into {key: raw value}."""
+    try:
+        import yaml
+    except ImportError as e:  # pragma: no cover - pyyaml is a runtime dependency
+        raise ConfigError(f"config {path}: pyyaml is not installed ({e})") from e
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"config {path}: cannot read ({e.strerror or e})") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config {path}: invalid YAML{where}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping of settings, got {type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in KEYS)
+    if unknown:
+        raise ConfigError(f"config {path}: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
+    return dict(data)
+
+
+def read_env(environ: Mapping[str, str]) -> dict:
+    """APPLIANCE_<KEY> variables for the known keys (others, like APPLIANCE_PROFILE, belong elsewhere)."""
+    return {key: environ[ENV_PREFIX + key.upper()] for key in KEYS if ENV_PREFIX + key.upper() in environ}
 
 
 def read_file(path: str) -> dict:
@@ -169,35 +233,35 @@ def read_env(environ: Mapping[str, str]) -> dict:
 
 
 def validate(s: Settings) -> Settings:
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
-    check(s.weights is None or s.weights in WEIGHT_FORMATS,
-          f"weights: {s.weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    check(s.kv in KV_FORMATS, f"kv: {s.kv!r} is not one of {', '.join(KV_FORMATS)}")
-    check(1 <= s.port <= 65535, f"port: {s.port} is outside 1..65535")
-    check(bool(s.host.strip()), "host: must not be empty")
-    check(s.threads is None or 1 <= s.threads <= 256, f"threads: {s.threads} is outside 1..256")
-    check(s.max_context is None or s.max_context >= 16, f"max_context: {s.max_context} is below 16")
-    check(s.kv_cache_tokens is None or s.kv_cache_tokens >= 64,
-          f"kv_cache_tokens: {s.kv_cache_tokens} is below 64")
-    for key in ("sparse_k", "sparse_block", "sparse_probe"):
-        check(getattr(s, key) >= 1, f"{key}: {getattr(s, key)} must be at least 1")
-    check(s.sparse_probe_mode in ("bound", "strided"),
-          f"sparse_probe_mode: {s.sparse_probe_mode!r} is not one of bound, strided")
-    check(0 <= s.max_queue <= 4096, f"max_queue: {s.max_queue} is outside 0..4096")
-    check(1 <= s.max_batch <= 256, f"max_batch: {s.max_batch} is outside 1..256")
-    check(s.request_timeout > 0, f"request_timeout: {s.request_timeout} must be positive (seconds)")
-    check(s.max_body_bytes >= 1024, f"max_body_bytes: {s.max_body_bytes} is below 1024")
-    check(s.thermal_interval > 0, f"thermal_interval: {s.thermal_interval} must be positive (seconds)")
-    check(s.grace_period >= 0, f"grace_period: {s.grace_period} must not be negative (seconds)")
-    check(s.api_key is None or len(s.api_key) >= 8, "api_key: use at least 8 characters")
-    check(s.log_level in ("debug", "info", "warning", "error"),
-          f"log_level: {s.log_level!r} is not one of debug, info, warning, error")
-    if s.model is not None:
-        check(os.path.isdir(s.model), f"model: {s.model!r} is not a directory")
+    """Every setting against its definition, then the checks one definition cannot say."""
+    for key, f in FIELDS.items():
+        value, meta = getattr(s, key), f.metadata
+        if value is None:
+            continue
+        problem = _out_of_bounds(value, meta)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+    if not s.host.strip():
+        raise ConfigError("host: must not be empty")
+    if s.api_key is not None and len(s.api_key) < 8:
+        raise ConfigError("api_key: use at least 8 characters")
+    if s.model is not None and not os.path.isdir(s.model):
+        raise ConfigError(f"model: {s.model!r} is not a directory")
     return s
+
+
+def _out_of_bounds(value, meta) -> str | None:
+    choices, low, high = meta["choices"], meta["low"], meta["high"]
+    unit = f" ({meta['unit']})" if meta["unit"] else ""
+    if choices and value not in choices:
+        return f"{value!r} is not one of {', '.join(choices)}"
+    if meta["positive"] and not value > 0:
+        return f"{value} must be positive{unit}"
+    if low is not None and high is not None and not low <= value <= high:
+        return f"{value} is outside {low}..{high}"
+    if low is not None and value < low:
+        return f"{value} must not be negative{unit}" if low == 0 and unit else f"{value} is below {low}"
+    return None
 
 
 def load_settings(config_file: str | None = None,
@@ -221,3 +285,36 @@ def load_settings(config_file: str | None = None,
         for key, raw in layer.items():
             values[key] = _coerce(key, raw, source)
     return validate(Settings(**values))
+
+
+# ---- command-line flags, derived from the definitions ---------------------------------------
+
+def flag_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, keys=None) -> None:
+    """One flag per setting (all command-line settings, or `keys`). Every flag defaults to None,
+    "not given", so that the settings file, the environment and the defaults apply beneath it;
+    values are checked by validate() like every other source."""
+    for key in keys or [k for k in KEYS if FIELDS[k].metadata["flag"]]:
+        f = FIELDS[key]
+        meta, kind = f.metadata, _TYPES[key]
+        shown = f.default
+        if key.endswith("_bytes") and shown and shown % (1 << 20) == 0:
+            shown = f"{shown >> 20} MiB"
+        help_text = meta["help"] + (f" (default {shown})" if shown not in (None, False) else "")
+        if kind.startswith("bool"):
+            parser.add_argument(flag_name(key), dest=key, action="store_true", default=None, help=help_text)
+            continue
+        convert = int if kind.startswith("int") else float if kind.startswith("float") else str
+        parser.add_argument(flag_name(key), dest=key, type=convert, choices=meta["choices"], default=None,
+                            metavar=meta["metavar"] if not meta["choices"] else None, help=help_text)
+
+
+def settings_from_flags(args: argparse.Namespace, keys=None, config_file: str | None = None,
+                        environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from flags made by add_setting_flags, over the file / environment / defaults."""
+    keys = keys or KEYS
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    return load_settings(config_file, environ, overrides)

@@ -171,8 +171,8 @@ def worker_ours_prepare(args) -> dict:
 
 
 def worker_ours(args) -> dict:
-    from appliance.bench import measure
-    from appliance.ops import kernels
+    from appliance.cli.bench import measure
+    from appliance.kernels.dispatch import kernels
     mem0 = _rss()
     t0 = time.perf_counter()
     e = _load_engine(args)
@@ -384,10 +384,10 @@ def main(argv=None) -> int:
         extra = ["--model", str(model_dir), "--max-context", str(max_context)]
         # appliance.Engine options
         extra_engine = ["--weights", args.weights, "--kv", args.kv]
-        probe = subprocess.run([sys.executable, "-c", "import appliance._kernels"], cwd=REPO,
+        probe = subprocess.run([sys.executable, "-c", "import appliance.kernels._kernels"], cwd=REPO,
                                capture_output=True, text=True)
         if probe.returncode != 0:
-            log("  note: appliance._kernels does not import; the engine runs on its numpy twin "
+            log("  note: appliance.kernels._kernels does not import; the engine runs on its numpy twin "
                 f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ''})")
         t0 = time.perf_counter()
         log(f"[4/4] our engine: first load (quantizes and writes {model_dir}/.appliance-cache if missing)")

@@ -1,6 +1,6 @@
 """Aggregate decode tokens/s against concurrent streams, through the real server.
 
-Starts `python -m appliance.serve` (gunicorn, one worker) on a free loopback port,
+Starts `python -m appliance serve` (gunicorn, one worker) on a free loopback port,
 then for 1, 2, 4 and 8 concurrent streams sends the same-length prompt (token ids,
 so no tokenizer luck) with ignore_eos and counts the tokens every stream received
 while all of them were decoding at once. Continuous batching should make the
@@ -124,7 +124,7 @@ def engine_only(model_dir: Path, streams: list[int], prompt_len: int, steps: int
     """Decode steps of the engine alone, in process: what batching buys before any HTTP."""
     sys.path.insert(0, str(REPO))
     from appliance import Engine
-    from appliance.sampling import SamplingParams
+    from appliance.engine.sampling import SamplingParams
 
     engine = Engine.load(model_dir, weights=weights, threads=threads, max_context=prompt_len + steps + 64,
                          kv_cache_tokens=max(streams) * (prompt_len + steps + 64), progress=False)
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         return engine_only(model_dir, args.streams, args.prompt, min(args.tokens, 16), args.threads, args.weights)
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="apl-bench-"))
-    cmd = [sys.executable, "-m", "appliance.serve", "--model", str(model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "appliance", "serve", "--model", str(model_dir), "--port", str(port),
            "--max-batch", str(max(args.streams)), "--max-queue", str(max(args.streams)),
            "--max-context", str(max(512, args.prompt + args.tokens + 16)), "--weights", args.weights,
            # a KV pool for every stream at once, so the pool never limits the batch

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from appliance import _kernels as K
-from appliance import quant
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant
 
 
 CLOCK = time.perf_counter

@@ -242,9 +242,9 @@ def worker_llama(args) -> dict:
 
 def worker_ours(args) -> dict:
     from appliance import Engine
-    from appliance.bench import measure
-    from appliance.ops import kernels
-    from appliance.profiler import DecodeStats
+    from appliance.cli.bench import measure
+    from appliance.kernels.dispatch import kernels
+    from appliance.engine.stats import DecodeStats
     mem0 = _memory()
     t0 = time.perf_counter()
     engine = Engine.load(str(args.model), kv="q8", threads=args.threads,

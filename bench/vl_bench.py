@@ -60,7 +60,7 @@ def picture_bytes(side: int) -> bytes:
 
 def run_ours(model_dir: Path, side: int, gen: int, repeat: int, threads: int, weights: str) -> dict:
     from appliance import Engine
-    from appliance.profiler import StepTimer
+    from appliance.engine.stats import StepTimer
 
     engine = Engine.load(model_dir, weights=weights, threads=threads, progress=False)
     image = engine.prepare_image(picture_bytes(side))

@@ -46,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from appliance import evaluate as task  # noqa: E402
+from appliance.cli import evaluate as task  # noqa: E402
 from tiny_models import CHATML, SPECIAL  # noqa: E402
 
 MODULES = ["json", "collections", "functools", "itertools", "pathlib", "argparse", "logging", "threading",
@@ -277,7 +277,7 @@ def main() -> None:
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    from appliance.tokenizer import Tokenizer as ApplianceTokenizer
+    from appliance.engine.tokenizer import Tokenizer as ApplianceTokenizer
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     log_file = open(args.work / "train.log", "a")

@@ -87,7 +87,7 @@ def test_empty_file_is_defaults(tmp_path):
 
 
 def test_serve_flags_map_to_settings(tmp_path):
-    from appliance.serve import add_serve_arguments, gunicorn_options, settings_from_args
+    from appliance.server.gunicorn import add_serve_arguments, gunicorn_options, settings_from_args
 
     p = argparse.ArgumentParser()
     add_serve_arguments(p)
@@ -103,15 +103,15 @@ def test_serve_flags_map_to_settings(tmp_path):
 
 
 def test_serve_reports_bad_settings(capsys):
-    from appliance.serve import main
+    from appliance.cli import main
 
-    assert main(["--port", "0"]) == 2
+    assert main(["serve", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "appliance serve: port: 0 is outside 1..65535"
 
 
 def test_default_body_limit_admits_the_largest_image_as_a_data_url():
     """A camera photo up to images.MAX_IMAGE_BYTES must not hit 413 before the image checks."""
-    from appliance.images import MAX_IMAGE_BYTES
+    from appliance.models.images import MAX_IMAGE_BYTES
     data_url = len("data:image/jpeg;base64,") + 4 * -(-MAX_IMAGE_BYTES // 3)
     assert Settings().max_body_bytes >= data_url + 4096          # plus the JSON around it

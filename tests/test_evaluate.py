@@ -12,18 +12,23 @@ import numpy as np
 import pytest
 
 from appliance import Engine
-from appliance.engine import DEMO_MODEL_DIR
-from appliance.evaluate import (ATTRIBUTES, DEPTHS, PLACES, THINGS, VALUES, filler_text, is_recalled, make_facts,
+from appliance.engine.engine import DEMO_MODEL_DIR
+from appliance.cli.evaluate import (ATTRIBUTES, DEPTHS, PLACES, THINGS, VALUES, filler_text, is_recalled, make_facts,
                                 needle_cases, plant)
-from appliance.sampling import log_softmax
+from appliance.engine.sampling import log_softmax
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import CHATML, SPECIAL  # noqa: E402
 
 # The floor the demo model must meet at its trained context (1024), exact attention, q8 engine.
 # The shipped model recalled 80% at 1024 in torch at the end of training (30 haystack questions,
-# appliance/demo_model/train_log.txt); DEMO_RETRIEVES = False skips this for a model that does not.
-RECALL_FLOOR = 0.8
+# appliance/demo_model/train_log.txt); the q8 engine recalls 29 of these 36 questions (0.81).
+# A floor at the mean itself fails on a rounding: 12 questions gave 10 on one x86 machine and 9
+# on another, so the floor sits two questions below the measured 29 of 36. Broken attention
+# recalls nothing (k <= 2 in the README's table). DEMO_RETRIEVES = False skips this for a model
+# that does not retrieve.
+RECALL_FLOOR = 0.75
+RECALL_SEEDS = (3, 4, 5)            # 3 x 4 haystacks x 3 depths = 36 questions
 DEMO_RETRIEVES = True
 PPL_CEILING = 1000
 
@@ -93,7 +98,7 @@ def test_needle_cases_fit_their_context(exact):
 
 @pytest.mark.skipif(not DEMO_RETRIEVES, reason="the shipped demo model does not retrieve yet")
 def test_exact_attention_retrieves_at_the_trained_context(exact):
-    cases = needle_cases(exact.tokenizer, 1024, trials=4, seed=3)
+    cases = [c for seed in RECALL_SEEDS for c in needle_cases(exact.tokenizer, 1024, trials=4, seed=seed)]
     hits = [is_recalled(exact.generate(c["ids"], stream=False, temperature=0.0,
                                        max_tokens=c["max_tokens"])["text"], c["answer"]) for c in cases]
     assert sum(hits) / len(hits) >= RECALL_FLOOR

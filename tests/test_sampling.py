@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.sampling import Sampler, SamplingParams, TextStream
+from appliance.engine.sampling import Sampler, SamplingParams, TextStream
 
 
 def test_greedy_picks_argmax():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from appliance import Engine
-from appliance.sparse import SparseConfig, block_importance, select_blocks
+from appliance.engine.sparse import SparseConfig, block_importance, select_blocks
 
 
 def chosen(mask: np.ndarray) -> list[list[int]]:
@@ -107,8 +107,8 @@ def test_sparse_prefill_records_importance(tiny_qwen3_dir):
 
 
 def test_decode_block_importance_is_the_block_sum_of_the_prompt_importance():
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
-    from appliance.sparse import SparseAttention, SparseConfig, block_importance
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.sparse import SparseAttention, SparseConfig, block_importance
     cache = PagedKVCache(3, 1, 32, kind="f32", capacity_tokens=32 * 40)
     attn = SparseAttention(cache, 32, 3, SparseConfig(k=4, block=32, probe=8))
     seq = SequenceBlocks(importance=np.random.default_rng(0).random((3, 100)).astype(np.float32))

@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "server"))
 from fake_sysfs import ZONES, make_tree, set_freq  # noqa: E402
 
-from appliance.thermal import ThermalMonitor, ThermalReader, zone_policies  # noqa: E402
+from appliance.telemetry.thermal import ThermalMonitor, ThermalReader, zone_policies  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", ["vendor", "mainline"])
@@ -71,7 +71,7 @@ def test_monitor_needs_two_samples_and_counts_seconds(tmp_path, monkeypatch):
     mon = ThermalMonitor(str(root), interval=0.5)
     mon.cpu = _Busy({4, 5})
     clock = [1000.0]
-    monkeypatch.setattr("appliance.thermal.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("appliance.telemetry.thermal.time.monotonic", lambda: clock[0])
     first = mon.sample()
     assert not first.throttled                      # one dip could be the governor
     clock[0] += 0.5
@@ -117,7 +117,7 @@ def test_duplicate_zone_types_stay_distinct(tmp_path):
 
 
 def test_metrics_export_thermal(tmp_path):
-    from appliance.metrics import Metrics
+    from appliance.telemetry.metrics import Metrics
 
     root = make_tree(tmp_path, "mainline", throttled=True, missing=("npu-thermal",))
     mon = ThermalMonitor(str(root), interval=0.5)

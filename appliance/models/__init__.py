@@ -1,8 +1,10 @@
 """Model families by config.json's model_type. Adding a family adds a file and a line here."""
 from __future__ import annotations
 
-from ..errors import ModelLoadError
-from . import qwen3, qwen3_moe, qwen3_vl
+from appliance.errors import ModelLoadError
+from appliance.models import qwen3
+from appliance.models import qwen3_moe
+from appliance.models import qwen3_vl
 
 FAMILIES = {
     "qwen3": qwen3,

@@ -6,13 +6,16 @@ RMSNorm -> fused gate/up -> SiLU(gate) * up -> down_proj -> residual.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..linear import Embedding, Linear
-from ..ops import kernels
-from .base import Batch, TensorSpec, config_error
+from appliance.weights.linear import Embedding, Linear
+from appliance.kernels.dispatch import kernels
+from appliance.engine.batch import Batch
+from appliance.errors import ModelLoadError
+from appliance.weights.spec import TensorSpec
 
 
 @dataclass
@@ -36,9 +39,9 @@ class Qwen3Config:
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
-            raise config_error(path, f"rope type {rope_type!r} is not supported (only default RoPE)")
+            raise ModelLoadError(path, f"rope type {rope_type!r} is not supported (only default RoPE)")
         if d.get("use_sliding_window"):
-            raise config_error(path, "sliding-window attention is not supported")
+            raise ModelLoadError(path, "sliding-window attention is not supported")
         try:
             heads = int(d["num_attention_heads"])
             cfg = cls(
@@ -56,15 +59,15 @@ class Qwen3Config:
                 attention_bias=bool(d.get("attention_bias", False)),
             )
         except KeyError as e:
-            raise config_error(path, f"missing key {e.args[0]!r}") from None
+            raise ModelLoadError(path, f"missing key {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
-            raise config_error(path, f"bad value ({e})") from None
+            raise ModelLoadError(path, f"bad value ({e})") from None
         if cfg.num_attention_heads % cfg.num_key_value_heads:
-            raise config_error(path, f"num_attention_heads {cfg.num_attention_heads} is not a multiple "
+            raise ModelLoadError(path, f"num_attention_heads {cfg.num_attention_heads} is not a multiple "
                                      f"of num_key_value_heads {cfg.num_key_value_heads}")
         for name in ("hidden_size", "intermediate_size", "head_dim"):
             if getattr(cfg, name) % 32:
-                raise config_error(path, f"{name} {getattr(cfg, name)} is not a multiple of 32 "
+                raise ModelLoadError(path, f"{name} {getattr(cfg, name)} is not a multiple of 32 "
                                          f"(the quantization block)")
         return cfg
 
@@ -128,6 +131,17 @@ def tensor_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
     for i in range(cfg.num_hidden_layers):
         plan += attention_plan(cfg, i, prefix) + mlp_plan(cfg, i, prefix)
     return plan
+
+
+def rope_inv_freq(theta: float, dim: int) -> np.ndarray:
+    """float32[dim/2]: 1 / theta^(2i/dim), computed in double precision by libm's pow.
+
+    numpy's float32 power is vectorised differently per CPU (AVX-512 builds use their own
+    approximation, others libm): a one-ULP difference here flipped greedy answers of the demo
+    model between two x86 machines. Double precision then rounding gives the same table
+    everywhere glibc runs (x86 and the boards).
+    """
+    return np.array([1.0 / math.pow(theta, 2 * i / dim) for i in range(dim // 2)], dtype=np.float32)
 
 
 class Qwen3Attention:
@@ -220,8 +234,7 @@ class Qwen3Model:
         self.layers = [self.make_layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
         self.lm_head = (self.embed.as_linear() if cfg.tie_word_embeddings
                         else Linear.from_tensors("f32" if kind == "f32" else "q8", tensors, "lm_head"))
-        half = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
-        self.inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** half)).astype(np.float32)
+        self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim)
 
     def make_layer(self, cfg: Qwen3Config, i: int, kind: str, tensors: dict) -> Qwen3Layer:
         return Qwen3Layer(cfg, i, kind, tensors)

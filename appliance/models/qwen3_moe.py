@@ -26,10 +26,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..linear import Linear
-from ..ops import kernels
-from .base import Batch, TensorSpec, config_error
-from .qwen3 import Qwen3Config, Qwen3Layer, Qwen3Model, attention_plan, head_plan, mlp_plan, swiglu_plan
+from appliance.weights.linear import Linear
+from appliance.kernels.dispatch import kernels
+from appliance.engine.batch import Batch
+from appliance.errors import ModelLoadError
+from appliance.weights.spec import TensorSpec
+from appliance.models.qwen3 import Qwen3Config, Qwen3Layer, Qwen3Model, attention_plan, head_plan, mlp_plan, swiglu_plan
 
 DEFAULT_WEIGHTS = "q4"
 # OpenBLAS runs a product of at most this many multiply-adds on the calling thread.
@@ -60,16 +62,16 @@ class Qwen3MoeConfig(Qwen3Config):
                       decoder_sparse_step=int(d.get("decoder_sparse_step", cls.decoder_sparse_step)),
                       mlp_only_layers=tuple(int(i) for i in (d.get("mlp_only_layers") or ())))
         except (TypeError, ValueError) as e:
-            raise config_error(path, f"bad value ({e})") from None
+            raise ModelLoadError(path, f"bad value ({e})") from None
         if cfg.num_experts < 0:
-            raise config_error(path, f"num_experts {cfg.num_experts} is negative")
+            raise ModelLoadError(path, f"num_experts {cfg.num_experts} is negative")
         if cfg.num_experts and not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
-            raise config_error(path, f"num_experts_per_tok {cfg.num_experts_per_tok} is not in "
+            raise ModelLoadError(path, f"num_experts_per_tok {cfg.num_experts_per_tok} is not in "
                                      f"1..num_experts ({cfg.num_experts})")
         if cfg.decoder_sparse_step < 1:
-            raise config_error(path, f"decoder_sparse_step {cfg.decoder_sparse_step} must be >= 1")
+            raise ModelLoadError(path, f"decoder_sparse_step {cfg.decoder_sparse_step} must be >= 1")
         if cfg.moe_intermediate_size <= 0 or cfg.moe_intermediate_size % 32:
-            raise config_error(path, f"moe_intermediate_size {cfg.moe_intermediate_size} is not a positive "
+            raise ModelLoadError(path, f"moe_intermediate_size {cfg.moe_intermediate_size} is not a positive "
                                      f"multiple of 32 (the quantization block)")
         return cfg
 

@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .. import images as image_io
-from ..ops import kernels
-from ..vision import VisionConfig, VisionTower, vision_plan
-from .base import Batch, config_error
-from .qwen3 import Qwen3Attention, Qwen3Config, Qwen3Layer, Qwen3Model, attention_plan, head_plan, mlp_plan
+from appliance.models import images as image_io
+from appliance.kernels.dispatch import kernels
+from appliance.models.vision import VisionConfig, VisionTower, vision_plan
+from appliance.engine.batch import Batch
+from appliance.errors import ModelLoadError
+from appliance.models.qwen3 import Qwen3Attention, Qwen3Config, Qwen3Layer, Qwen3Model, attention_plan, head_plan, mlp_plan
 
 PREFIX = "model.language_model."
 
@@ -46,7 +47,7 @@ class Qwen3VLConfig(Qwen3Config):
         """config.json of a qwen3_vl checkpoint: text_config, vision_config, the image token ids."""
         text = dict(d.get("text_config") or {})
         if not text or not d.get("vision_config"):
-            raise config_error(path, "a qwen3_vl config needs text_config and vision_config")
+            raise ModelLoadError(path, "a qwen3_vl config needs text_config and vision_config")
         rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
         section = rope.pop("mrope_section", None) or cls.mrope_section
         rope.pop("mrope_interleaved", None)
@@ -60,15 +61,15 @@ class Qwen3VLConfig(Qwen3Config):
                       vision_start_token_id=int(d.get("vision_start_token_id", cls.vision_start_token_id)),
                       vision_end_token_id=int(d.get("vision_end_token_id", cls.vision_end_token_id)))
         except (TypeError, ValueError) as e:
-            raise config_error(path, f"bad value ({e})") from None
+            raise ModelLoadError(path, f"bad value ({e})") from None
         if len(cfg.mrope_section) != 3 or sum(cfg.mrope_section) != cfg.head_dim // 2:
-            raise config_error(path, f"mrope_section {list(cfg.mrope_section)} must be 3 numbers summing to "
+            raise ModelLoadError(path, f"mrope_section {list(cfg.mrope_section)} must be 3 numbers summing to "
                                      f"head_dim / 2 = {cfg.head_dim // 2}")
         if cfg.vision.out_hidden_size != cfg.hidden_size:
-            raise config_error(path, f"vision out_hidden_size {cfg.vision.out_hidden_size} is not the text "
+            raise ModelLoadError(path, f"vision out_hidden_size {cfg.vision.out_hidden_size} is not the text "
                                      f"hidden_size {cfg.hidden_size}")
         if len(cfg.vision.deepstack_visual_indexes) > cfg.num_hidden_layers:
-            raise config_error(path, "more DeepStack features than decoder layers")
+            raise ModelLoadError(path, "more DeepStack features than decoder layers")
         return cfg
 
     def mrope_axis(self) -> np.ndarray:

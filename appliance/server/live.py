@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Callable
 
-from appliance.profiler import DecodeStats, PrefillStats
-from appliance.scheduler import StepTokens
+from appliance.engine.stats import DecodeStats, PrefillStats
+from appliance.server.scheduler import StepTokens
 
 
 class LiveStats:

@@ -16,7 +16,7 @@ import uuid
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from appliance.scheduler import Finished, QueueFullError, ShuttingDownError
+from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
 from appliance.server.validation import (GenerationRequest, check_model, get_bool, image_policy, parse_chat,
                                          parse_completion, parse_messages, read_json_body, render_chat)
@@ -181,6 +181,9 @@ def _generate(gen: GenerationRequest):
         raise _failure(ev)
     return jsonify(reply.body(ev))
 
+# The scheduler's refusals (scheduler.REFUSALS) as OpenAI error codes.
+REFUSAL_CODES = {"prompt_too_long": "context_length_exceeded", "invalid_prompt": "invalid_value"}
+
 
 def _failure(fin: Finished) -> APIError:
     if fin.outcome == "timeout":
@@ -188,8 +191,8 @@ def _failure(fin: Finished) -> APIError:
     if fin.outcome in ("shutdown", "cancelled"):
         return APIError(fin.message or "the request was cancelled", 503, code=fin.outcome,
                         headers={"Retry-After": "5"})
-    if fin.code in ("context_length_exceeded", "invalid_value"):
-        return APIError(fin.message, 400, code=fin.code)
+    if fin.cause in REFUSAL_CODES:
+        return APIError(fin.message, 400, code=REFUSAL_CODES[fin.cause])
     return APIError(fin.message or "generation failed", 500, code="internal_error", type="server_error")
 
 

@@ -10,9 +10,9 @@ import threading
 import time
 
 from appliance.config import Settings
-from appliance.metrics import Metrics
+from appliance.telemetry.metrics import Metrics
 from appliance.server.live import LiveStats
-from appliance.thermal import ThermalMonitor
+from appliance.telemetry.thermal import ThermalMonitor
 
 log = logging.getLogger("appliance.server")
 
@@ -75,7 +75,7 @@ class Runtime:
         import os
         if os.environ.get("APPLIANCE_KERNELS") == "numpy":
             return                       # the numpy twin: no compiled kernels to check
-        from appliance.selftest import selftest_report
+        from appliance.kernels.selftest import selftest_report
         try:
             report = selftest_report()
         except Exception as e:           # not built, or a check crashed: a fail, said plainly
@@ -91,7 +91,7 @@ class Runtime:
         self.metrics.set_selftest(report["ok"])
 
     def _serve(self, engine) -> None:
-        from appliance.scheduler import Scheduler
+        from appliance.server.scheduler import Scheduler
 
         s = self.settings
         engine.add_stats_listener(self.metrics.observe)

@@ -191,7 +191,7 @@ def parse_messages(body: dict, images: list | None = None) -> list[dict]:
 
 def image_policy(settings):
     """Where image_url may point: data: URLs, plus http(s) hosts in settings.image_url_hosts."""
-    from appliance.images import ImageFetchPolicy
+    from appliance.server.image_fetch import ImageFetchPolicy
 
     hosts = [h.strip() for h in (getattr(settings, "image_url_hosts", None) or "").split(",") if h.strip()]
     return ImageFetchPolicy(allowed_hosts=hosts)
@@ -199,7 +199,8 @@ def image_policy(settings):
 
 def prepare_images(refs: list[tuple[str, str]], engine, policy) -> list:
     """image_url parts -> prepared images; every problem is a 400 naming the part."""
-    from appliance.images import ImageError, image_bytes_from_url
+    from appliance.models.images import ImageError
+    from appliance.server.image_fetch import image_bytes_from_url
 
     if not refs:
         return []
@@ -237,7 +238,7 @@ def sampling_params(body: dict, engine, n_prompt: int, logprobs: int | None,
                     default_max_tokens: int | None = None):
     """Build SamplingParams from the common fields (both endpoints). max_tokens beyond
     the room left in the context is clamped: the answer then ends with "length"."""
-    from appliance.sampling import SamplingParams
+    from appliance.engine.sampling import SamplingParams
 
     defaults = dict(engine.generation_defaults or {})
     room = engine.max_context - n_prompt

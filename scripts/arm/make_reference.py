@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 # The reference is the numpy twin, not whatever this host's compiled kernels are (set before
-# anything imports appliance.ops).
+# anything imports appliance.kernels.dispatch).
 os.environ["APPLIANCE_KERNELS"] = "numpy"
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 

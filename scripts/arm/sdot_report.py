@@ -3,15 +3,15 @@
     python sdot_report.py BUILD_DIR [--expect-path neon-dotprod|neon|portable|none|any]
 
 Counts them in each object file of the cross build (one per C source: the definitive answer to
-"which source holds them"), in the two extensions, and per function of appliance._kernels.
+"which source holds them"), in the two extensions, and per function of appliance.kernels._kernels.
 Outside kernels/arm/ a dot-product instruction means the compiler auto-vectorised plain C with
 sdot (the whole file is built with +dotprod): that code traps (SIGILL) on a CPU without dotprod
 although it claims to be portable. It is a WARNING for the kernel sources (portable.c,
-sparse_attention.c, kv_store.c: only reached once appliance.ops has accepted the CPU).
+sparse_attention.c, kv_store.c: only reached once appliance.kernels.dispatch has accepted the CPU).
 The report fails (exit 1) when
   * the Cython wrappers (kernels.pyx, kvops.pyx) or dispatch.c hold one: they run at import and
     hold the runtime feature check itself, which must work on any aarch64 CPU;
-  * --expect-path neon-dotprod and appliance._kernels holds none (the NEON path is not compiled);
+  * --expect-path neon-dotprod and appliance.kernels._kernels holds none (the NEON path is not compiled);
   * --expect-path none/neon/portable and the build holds any (a dotprod-less build must not).
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> int:
 
     kernels = totals.get("_kernels", 0)
     if args.expect_path == "neon-dotprod" and kernels == 0:
-        problems.append("appliance._kernels holds no sdot: the NEON dotprod kernels are not compiled")
+        problems.append("appliance.kernels._kernels holds no sdot: the NEON dotprod kernels are not compiled")
     if args.expect_path in ("none", "neon", "portable") and sum(totals.values()):
         problems.append(f"a build expected without dotprod holds {sum(totals.values())} sdot/udot")
     for w in warnings:

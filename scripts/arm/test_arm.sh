@@ -8,7 +8,7 @@
 #   3. arm64 wheels from PyPI (numpy, tokenizers, jinja2, pytest, hypothesis, ...) at the versions
 #      the host's Python has, installed into the root's /opt/pydeps
 #   4. the host computes the tiny-model reference (transformers, numpy twin of the kernels)
-#   5. cross build_ext of appliance._kernels and appliance._kvops with the host Python's Cython and
+#   5. cross build_ext of appliance.kernels._kernels and appliance.kernels._kvops with the host Python's Cython and
 #      aarch64-linux-gnu-gcc; objdump counts the sdot instructions and says where they are
 #   6. under qemu-aarch64-static -cpu cortex-a76: kernel tests + tests/arm (path, bit-exact integer
 #      parts, tiny-model forward) and `appliance selftest`
@@ -131,7 +131,7 @@ cross_build() {
   else
     (cd "$REPO" && tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.so' -cf - .) | tar -xf - -C "$dir"
   fi
-  rm -f "$dir"/appliance/*.so "$dir"/kernels/kernels.c "$dir"/kernels/kvops.c
+  rm -f "$dir"/appliance/kernels/*.so "$dir"/appliance/*.so "$dir"/kernels/kernels.c "$dir"/kernels/kvops.c
   # The Cython output does not depend on the target flags: reuse it (newer than the .pyx, so
   # cythonize skips it) rather than generate it again.
   if [ -n "$cython_from" ]; then cp -p "$cython_from"/kernels/kernels.c "$cython_from"/kernels/kvops.c "$dir"/kernels/; fi
@@ -147,7 +147,7 @@ cross_build() {
     ${march:+APPLIANCE_MARCH="$march"} \
     "$HOST_PY" setup.py build_ext --inplace --parallel 2 > "$dir.build.log" 2>&1) \
     || { tail -40 "$dir.build.log"; die "cross build failed (log: $dir.build.log)"; }
-  ls "$dir"/appliance/_kernels.cpython-311-aarch64-linux-gnu.so "$dir"/appliance/_kvops.cpython-311-aarch64-linux-gnu.so \
+  ls "$dir"/appliance/kernels/_kernels.cpython-311-aarch64-linux-gnu.so "$dir"/appliance/kernels/_kvops.cpython-311-aarch64-linux-gnu.so \
     >/dev/null || die "the cross build made no aarch64 extensions"
 }
 
@@ -172,7 +172,7 @@ show_flags "$BUILD"
 "$HOST_PY" "$HERE/sdot_report.py" "$BUILD" --expect-path "$EXPECT" | tee "$WORK/sdot-report.txt"
 
 step "6. tests under qemu-aarch64 -cpu cortex-a76 (RK3588 big core: asimd, dotprod, fp16)"
-PATH_A76=$(qpy cortex-a76 -- -c 'from appliance import _kernels as k; print(k.kernel_path())')
+PATH_A76=$(qpy cortex-a76 -- -c 'from appliance.kernels import _kernels as k; print(k.kernel_path())')
 echo "kernel_path() on cortex-a76: $PATH_A76"
 if [ "$EXPECT" != any ] && [ "$PATH_A76" != "$EXPECT" ]; then
   die "the aarch64 build runs the '$PATH_A76' path, expected '$EXPECT'"
@@ -188,12 +188,12 @@ qpy cortex-a76 -- -m appliance selftest || die "appliance selftest failed on cor
 if [ "$PATH_A76" = neon-dotprod ]; then
   step "7. negative control: the same build under qemu -cpu cortex-a72 (ARMv8.0: no dotprod)"
   set +e
-  out=$(qpy cortex-a72 -- -c 'from appliance import ops' 2>&1); rc=$?
+  out=$(qpy cortex-a72 -- -c 'from appliance.kernels import dispatch' 2>&1); rc=$?
   set -e
   echo "$out" | tail -1
   [ $rc -eq 1 ] && echo "$out" | grep -q "ApplianceError: this CPU lacks" \
-    || die "importing appliance.ops on cortex-a72: rc=$rc, expected a clear ApplianceError (rc 1)"
-  echo "OK: appliance.ops refuses the build with an ApplianceError (rc=$rc), no SIGILL"
+    || die "importing appliance.kernels.dispatch on cortex-a72: rc=$rc, expected a clear ApplianceError (rc 1)"
+  echo "OK: appliance.kernels.dispatch refuses the build with an ApplianceError (rc=$rc), no SIGILL"
   set +e
   out=$(qpy cortex-a72 -- -m appliance selftest 2>&1); rc=$?
   set -e
@@ -205,7 +205,7 @@ if [ "$PATH_A76" = neon-dotprod ]; then
   set +e
   qpy cortex-a72 -- -c '
 import numpy as np
-from appliance import _kernels as k
+from appliance.kernels import _kernels as k
 w = np.ones((8, 64), np.int8); d = np.ones((8, 2), np.float16)
 x = np.ones((1, 64), np.int8); xd = np.ones((1, 2), np.float32)
 print(k.gemm_q8(w, d, x, xd, path="simd"))' >/dev/null 2>&1; rc=$?
@@ -216,7 +216,7 @@ print(k.gemm_q8(w, d, x, xd, path="simd"))' >/dev/null 2>&1; rc=$?
   set +e
   qpy cortex-a72 -- -c '
 import numpy as np
-from appliance import _kernels as k
+from appliance.kernels import _kernels as k
 w = np.ones((64, 1024), np.int8); d = np.ones((64, 32), np.float16)
 x = np.ones((4, 1024), np.int8); xd = np.ones((4, 32), np.float32)
 k.gemm_q8(w, d, x, xd, path="portable")' >/dev/null 2>&1; rc=$?
@@ -233,7 +233,7 @@ if [ "${ARM_FALLBACK:-1}" = 1 ]; then
   cross_build "$BUILD" "-march=armv8-a" "$WORK/build-main"
   show_flags "$BUILD"
   "$HOST_PY" "$HERE/sdot_report.py" "$BUILD" --expect-path none
-  PATH_A72=$(qpy cortex-a72 -- -c 'from appliance import _kernels as k; print(k.kernel_path())')
+  PATH_A72=$(qpy cortex-a72 -- -c 'from appliance.kernels import _kernels as k; print(k.kernel_path())')
   echo "kernel_path() of the armv8-a build on cortex-a72: $PATH_A72"
   case $PATH_A72 in neon|portable) ;; *) die "an armv8-a build reports '$PATH_A72', expected neon or portable";; esac
   qpy cortex-a72 APPLIANCE_EXPECT_PATH="$PATH_A72" APPLIANCE_ARM_EMULATED=1 -- \

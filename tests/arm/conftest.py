@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# Functions of appliance._kernels that take path="simd"|"portable".
+# Functions of appliance.kernels._kernels that take path="simd"|"portable".
 PATHED = ("quantize_rows_q8", "gemm_q8", "gemm_q4", "rmsnorm", "rope", "silu_mul",
           "attention_q8", "attention_q4", "attention_f32")
 
@@ -33,7 +33,7 @@ def arm_reference():
 
 
 class _PortableKernels:
-    """appliance._kernels with every path-taking function pinned to the portable C path."""
+    """appliance.kernels._kernels with every path-taking function pinned to the portable C path."""
 
     def __init__(self, real):
         self._real = real
@@ -46,7 +46,7 @@ class _PortableKernels:
 @pytest.fixture
 def portable_engine_kernels():
     """Context manager: inside it the engine's forward runs on the portable C kernels."""
-    from appliance import ops
+    from appliance.kernels import dispatch as ops
 
     real = ops.kernels
 

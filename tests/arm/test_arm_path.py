@@ -16,8 +16,8 @@ import os
 import numpy as np
 import pytest
 
-from appliance import _kernels as K
-from appliance import quant
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant
 
 QK = quant.QK
 FLOAT24 = float(1 << 24)   # float32 holds every integer below this exactly
@@ -42,7 +42,7 @@ def test_active_path_is_the_expected_one():
 def test_engine_uses_the_compiled_kernels():
     if os.environ.get("APPLIANCE_KERNELS") == "numpy":
         pytest.skip("APPLIANCE_KERNELS=numpy selects the numpy twin")
-    from appliance import ops
+    from appliance.kernels import dispatch as ops
     assert ops.kernels is K
 
 

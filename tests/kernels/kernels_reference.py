@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from appliance import quant
+from appliance.kernels import quant
 
 PATHS = ("portable", "simd")
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from appliance import _kernels as K
+from appliance.kernels import _kernels as K
 
 from kernels_reference import PATHS, PagedCase, attention_reference, make_case, nmse, quantize_q_rows
 

@@ -5,7 +5,7 @@ import platform
 import numpy as np
 import pytest
 
-from appliance import _kernels as K
+from appliance.kernels import _kernels as K
 
 
 def _cpu_flags() -> set[str]:

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from appliance import _kernels as K
-from appliance import quant
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant
 
 from kernels_reference import PATHS, gemm_abs_bound
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from appliance import _kernels as K
-from appliance import quant
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant
 
 from kernels_reference import make_case
 

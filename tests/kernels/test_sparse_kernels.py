@@ -4,8 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance import _kvops as _sparse, quant, reference_ops
-from appliance.ops import kernels
+from appliance.kernels import _kvops as _sparse
+from appliance.kernels import quant
+from appliance.kernels import reference as reference_ops
+from appliance.kernels.dispatch import kernels
 
 PROBE_RTOL = 1e-5       # same int8 dots, float sums in another order
 IMPORTANCE_ATOL = 1e-5
@@ -162,7 +164,7 @@ def test_bad_arguments_raise():
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
 def test_kv_store_equals_numpy_reference(kind):
     """The C cache write equals appliance.quant's definition bit for bit."""
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     rng = np.random.default_rng(5)
     fast = PagedKVCache(2, 2, 64, kind=kind, block_size=32, capacity_tokens=256)
     ref = PagedKVCache(2, 2, 64, kind=kind, block_size=32, capacity_tokens=256)
@@ -184,7 +186,7 @@ def test_kv_store_equals_numpy_reference(kind):
 def test_compact_probe_rows_give_the_strided_scores_bit_for_bit(kind, probe):
     """The cache's compact copy of the probed rows (full blocks) against probing the cache itself,
     after writes of one token, a chunk, and a chunk crossing blocks (a partial block stays strided)."""
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     rng = np.random.default_rng(probe)
     n_kv, group, hd = 2, 2, 64
     cache = PagedKVCache(1, n_kv, hd, kind=kind, capacity_tokens=32 * 8)
@@ -213,7 +215,7 @@ def test_compact_probe_rows_give_the_strided_scores_bit_for_bit(kind, probe):
 
 
 def _reference_select(scores, importance, k):
-    from appliance.sparse import select_blocks
+    from appliance.engine.sparse import select_blocks
     return select_blocks(scores, importance, k)
 
 
@@ -239,8 +241,9 @@ def test_select_equals_the_numpy_definition(seed):
 def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, compact):
     """kernels.attention_probe (SIMD and portable twins, on the attention score primitives) against
     _kvops.probe (plain C) and reference_ops (numpy), with a partial block and scattered blocks."""
-    from appliance import _kernels, reference_ops
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.kernels import _kernels
+    from appliance.kernels import reference as reference_ops
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     rng = np.random.default_rng(10 + probe)
     n_kv, group, hd = 2, 3, 64
     cache = PagedKVCache(1, n_kv, hd, kind=kind, capacity_tokens=32 * 8)
@@ -270,7 +273,7 @@ def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, co
 
 
 def test_attention_probe_rejects_mismatched_arrays():
-    from appliance import _kernels
+    from appliance.kernels import _kernels
     rng = np.random.default_rng(0)
     kq, ks, _ = make_cache("q8", rng)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
@@ -288,7 +291,7 @@ def test_attention_probe_rejects_mismatched_arrays():
 # ---- the bound probe --------------------------------------------------------------------------
 def _filled_cache(kind, rng, n_tokens=200, n_kv=2, hd=64, step_from=150):
     """A one-layer cache written like an engine does: a prefill chunk, then one token at a time."""
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     cache = PagedKVCache(1, n_kv, hd, kind, 32, 32 * 10)
     cache.enable_bound_rows()
     seq = SequenceBlocks()
@@ -360,7 +363,7 @@ def test_bound_probe_finds_the_needle_row_strided_sampling_misses():
     The strided probe cannot see it; the key bound ranks block 3 first and the exact max
     scores it highest. This is the demo model's retrieval failure in miniature."""
     rng = np.random.default_rng(8)
-    from appliance.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     cache = PagedKVCache(1, 1, 64, "q8", 32, 32 * 12)
     cache.enable_bound_rows()
     seq = SequenceBlocks()

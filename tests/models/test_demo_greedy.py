@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from appliance import Engine
-from appliance.evaluate import needle_cases
+from appliance.cli.evaluate import needle_cases
 
 CHATS = ["What does json.dumps do?", "Explain os.path.join.", "Tell me about itertools.chain.",
          "What is collections.OrderedDict?", "What does re.compile do?", "Explain functools.partial.",
          "Tell me about threading.Lock.", "What is pathlib.Path?", "What does shutil.copy do?",
          "Explain subprocess.run."]
 GEN = 24
-# Measured on the shipped model: see the note of the engine issue. "Most" = at least 70% of the
+# Measured on the shipped model: 23-24 of the 28 prompts are identical on x86. "Most" = at least 70% of the
 # prompts give the same 24 greedy tokens; and where they part, not before the 4th token on average.
 MIN_IDENTICAL = 0.7
 
@@ -30,7 +30,8 @@ def prompts():
     f32 = Engine.load(None, weights="f32", kv="f32", max_context=1024, progress=False)
     chats = [f32.tokenizer.encode(f32.tokenizer.apply_chat_template([{"role": "user", "content": c}]))
              for c in CHATS]
-    needles = [c["ids"] for c in needle_cases(f32.tokenizer, 512, trials=2, seed=11)]
+    # 28 prompts: on 16 one rounding decides the 70% (12 of 16 on one x86 machine, 11 on another).
+    needles = [c["ids"] for seed in (11, 12, 13) for c in needle_cases(f32.tokenizer, 512, trials=2, seed=seed)]
     return f32, chats + needles
 
 

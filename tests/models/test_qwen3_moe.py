@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import Engine, quant
-from appliance.cli import main as cli_main
+from appliance import Engine
+from appliance.kernels import quant
+from appliance.cli.main import main as cli_main
 from appliance.errors import ModelLoadError
 from appliance.models.qwen3_moe import Qwen3MoeConfig
 from tiny_models import reference_logits

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from appliance import Engine
-from appliance.images import ImageProcessorConfig, preprocess
+from appliance.models.images import ImageProcessorConfig, preprocess
 from tiny_models_vl import build_qwen3_vl, reference_vl, test_picture as make_picture
 
 F32_RTOL = 1e-4

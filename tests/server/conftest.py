@@ -1,6 +1,6 @@
 """A real gunicorn server on the tiny model, shared by the server tests.
 
-`server` starts `python -m appliance.serve` (the same launcher as `appliance serve`)
+`server` starts `python -m appliance serve` (the same launcher as `appliance serve`)
 once per session on a free loopback port, with a fake RK3588 sysfs tree, and stops
 it with SIGTERM at the end. Every test waits for the server to be idle first, so a
 test that left streams behind cannot disturb the next one.

@@ -1,4 +1,4 @@
-"""Start and drive a real `python -m appliance.serve` (gunicorn) process for tests.
+"""Start and drive a real `python -m appliance serve` (gunicorn) process for tests.
 
 Imported by name (`from live_server import ...`): a unique module name, unlike conftest.
 """
@@ -93,7 +93,7 @@ def start_server(model_dir: Path | None, *args: str, api_key: str | None = None,
     workdir = Path(tempfile.mkdtemp(prefix="apl-"))
     sysfs = make_tree(workdir / "sys", layout)
     port = free_port()
-    cmd = [sys.executable, "-m", "appliance.serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "appliance", "serve", "--port", str(port),
            "--control-socket", str(workdir / "gunicorn.ctl"), *args]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]

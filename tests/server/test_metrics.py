@@ -64,9 +64,9 @@ def _selftest_gauge(metrics) -> float:
 def test_start_up_selftest_sets_the_gauge_the_fleet_alert_reads(monkeypatch, outcome):
     import math
 
-    from appliance import selftest
+    from appliance.kernels import selftest
     from appliance.config import Settings
-    from appliance.metrics import Metrics
+    from appliance.telemetry.metrics import Metrics
     from appliance.server.runtime import Runtime
 
     def fake_report():

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from appliance.profiler import DecodeStats
-from appliance.sampling import SamplingParams
-from appliance.scheduler import (Finished, QueueFullError, RequestStats, Scheduler, ShuttingDownError,
+from appliance.engine.stats import DecodeStats
+from appliance.engine.sampling import SamplingParams
+from appliance.server.scheduler import (Finished, QueueFullError, RequestStats, Scheduler, ShuttingDownError,
                                  StepTokens)
 
 
@@ -189,7 +189,7 @@ def test_invalid_token_ids_fail_only_that_request(engine_factory, make_scheduler
     sched = make_scheduler(engine)
     ok = sched.submit(prompt(engine), params(20))
     bad = sched.submit([10 ** 7], params(5))
-    assert drain(bad)[-1].code == "invalid_value"
+    assert drain(bad)[-1].cause == "invalid_prompt"
     assert drain(ok)[-1].outcome == "length"
 
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from live_server import start_server  # noqa: E402
 from tiny_models_vl import build_qwen3_vl, test_picture as make_picture  # noqa: E402
 
-from appliance.images import ImageError, ImageFetchPolicy, image_bytes_from_url  # noqa: E402
+from appliance.models.images import ImageError  # noqa: E402
+from appliance.server.image_fetch import ImageFetchPolicy, image_bytes_from_url  # noqa: E402
 
 
 def jpeg_bytes(width=100, height=72) -> bytes:
@@ -42,7 +43,8 @@ def image_message(url: str, text: str = "What is in this picture?") -> list[dict
 def vl_server(tmp_path_factory):
     model_dir = build_qwen3_vl(tmp_path_factory.mktemp("vl_server_model"))
     srv = start_server(model_dir, "--max-batch", "2", "--max-queue", "4", "--max-context", "1024",
-                       "--request-timeout", "60", "--max-body-bytes", "262144", "--grace-period", "3")
+                       "--request-timeout", "60", "--max-body-bytes", "262144", "--grace-period", "3",
+                       env={"APPLIANCE_IMAGE_URL_HOSTS": "127.0.0.1"})
     try:
         yield srv
     finally:
@@ -122,7 +124,7 @@ def test_decompression_bomb_is_refused():
     buf = io.BytesIO()
     Image.new("L", (8000, 8000)).save(buf, format="PNG")     # 64 Mpixels in a few kB
     with pytest.raises(ImageError, match="over the limit"):
-        from appliance.images import decode_image
+        from appliance.models.images import decode_image
         decode_image(buf.getvalue())
 
 
@@ -151,6 +153,64 @@ def test_remote_url_only_from_allowed_hosts():
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.fixture
+def redirecting_host():
+    """An image host on 127.0.0.1 that redirects /away to localhost (another host name) and
+    /here to a path on itself; it counts the requests that reach the redirect targets."""
+    payload = jpeg_bytes()
+    served = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            port = self.server.server_port
+            if self.path in ("/away", "/here"):
+                host = "localhost" if self.path == "/away" else "127.0.0.1"
+                self.send_response(302)
+                self.send_header("Location", f"http://{host}:{port}/target.jpg")
+                self.end_headers()
+                return
+            served.append(self.headers.get("Host"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}", served, payload
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_redirects_are_checked_against_the_allow_list(redirecting_host):
+    base, served, payload = redirecting_host
+    policy = ImageFetchPolicy(allowed_hosts=["127.0.0.1"])
+    with pytest.raises(ImageError, match=r"redirects \(302\) to host 'localhost', which is not in the server's image URL allow-list"):
+        image_bytes_from_url(base + "/away", policy)
+    assert served == []                      # the refused target was never fetched
+    assert image_bytes_from_url(base + "/here", policy) == payload   # a hop inside the list is fine
+
+
+def test_allowed_host_redirecting_elsewhere_gets_400(vl_server, redirecting_host):
+    base, served, _ = redirecting_host
+    vl_server.wait_idle()
+    model = requests.get(vl_server.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+    r = requests.post(vl_server.base + "/v1/chat/completions", timeout=30,
+                      json={"model": model, "messages": image_message(base + "/away"), "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "redirect" in err["message"] and err["param"] == "messages[0].content[0].image_url"
+    assert served == []
+    r = requests.post(vl_server.base + "/v1/chat/completions", timeout=60,
+                      json={"model": model, "messages": image_message(base + "/here"), "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def test_text_model_refuses_images(idle_server, model_id):

@@ -1,30 +1,11 @@
-"""What every model family file shares: tensor specs, the batch a forward pass sees."""
+"""The rows one forward pass computes, and whose they are: what the engine hands a model family."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ModelLoadError
-from ..kv_cache import SequenceBlocks
-
-
-@dataclass
-class TensorSpec:
-    """One tensor of ours and where it comes from in the checkpoint.
-
-    kind: "linear" (quantized per the weights format; several sources are stacked
-    along the output rows), "embedding" (token table, Q8_0 unless f32), "vector"
-    (norm weights and biases, float32; several sources are concatenated).
-    """
-
-    name: str
-    kind: str
-    sources: list[str]
-    shape: tuple[int, ...]
-    # Output heads stay Q8_0 when the layers are Q4_0 (as llama.cpp keeps its output
-    # tensor at higher precision): their error reaches every logit directly.
-    at_least_q8: bool = False
+from appliance.engine.kv_cache import SequenceBlocks
 
 
 @dataclass
@@ -55,7 +36,3 @@ class Batch:
     # int32[3, M] (temporal, height, width) RoPE positions, set by an M-RoPE family for rows
     # where they differ (image tokens); None: every row rotates by `positions`.
     mrope_positions: np.ndarray = None
-
-
-def config_error(path, problem: str) -> ModelLoadError:
-    return ModelLoadError(path, problem)

@@ -1,4 +1,4 @@
-"""Block-sparse attention (ENGINE.md, "Block-sparse attention"): read k blocks, not the whole context.
+"""Block-sparse attention (docs/engine.md, "Block-sparse attention"): read k blocks, not the whole context.
 
 Decode, per layer and kv head (the group's query heads choose together, so a KV
 block is still read once per group):
@@ -28,38 +28,13 @@ The same attention pass records, per layer, the attention mass every prompt toke
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from .attention import ExactAttention
-from .kv_cache import PagedKVCache
-from .models.base import Batch, Segment
-from .ops import kernels
-
-
-PROBE_MODES = ("bound", "strided")
-
-
-@dataclass(frozen=True)
-class SparseConfig:
-    k: int = 32        # blocks kept per head
-    block: int = 32    # positions per block (the KV cache's block size)
-    probe: int = 8     # sampled rows per block (probe_mode "strided")
-    probe_mode: str = "bound"   # "bound" | "strided" (see the module docstring)
-
-    def __post_init__(self):
-        for name in ("k", "block", "probe"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"sparse {name} must be >= 1, got {getattr(self, name)}")
-        if self.block % 8:
-            raise ValueError(f"sparse block must be a multiple of 8, got {self.block}")
-        if self.probe_mode not in PROBE_MODES:
-            raise ValueError(f"sparse probe_mode must be one of {', '.join(PROBE_MODES)}, not {self.probe_mode!r}")
-
-    def active(self, seq_len: int) -> bool:
-        """The gate: sparse only pays once the context is long enough."""
-        return seq_len > 2 * self.block
+from appliance.engine.attention import ExactAttention
+from appliance.engine.kv_cache import PagedKVCache
+from appliance.engine.batch import Batch, Segment
+from appliance.kernels.dispatch import kernels
+from appliance.options import SparseConfig  # noqa: F401 (re-exported: the engine API takes it)
 
 
 def select_blocks(scores: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
@@ -106,7 +81,7 @@ class SparseAttention(ExactAttention):
         super().__init__(cache, head_dim)
         if cache.block_size != config.block:
             raise ValueError(f"sparse block {config.block} must equal the KV block size {cache.block_size}")
-        from . import _kvops
+        from appliance.kernels import _kvops
         self._kernels = _kvops
         self.config = config
         self.n_layers = n_layers

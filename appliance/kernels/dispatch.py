@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import os
 
-from .errors import ApplianceError
+from appliance.errors import ApplianceError
 
 
 def _load():
     if os.environ.get("APPLIANCE_KERNELS") == "numpy":
-        from . import reference_ops
+        from appliance.kernels import reference as reference_ops
         return reference_ops
     try:
-        from . import _kernels
+        from appliance.kernels import _kernels
     except ImportError as e:
         raise ApplianceError(f"the compiled kernels are not built ({e}); run `make build`") from None
     if not _kernels.cpu_supported():

@@ -15,11 +15,12 @@ decode step (Engine.score), because decode steps are where sparse attention diff
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import re
+
+from appliance.cli.args import ENGINE_KEYS, add_engine_arguments, engine_settings, int_list, positive_int
 
 # ---- the task, shared with scripts/train_demo_model.py -----------------------------------
 PLACES = ["north", "south", "east", "west", "red", "blue", "green", "silver", "golden", "old",
@@ -134,22 +135,33 @@ def is_recalled(text: str, answer: str) -> bool:
 # ---- engines ---------------------------------------------------------------------------------
 def _engines(args, max_context: int):
     """(label, k, engine) for exact attention, then one block-sparse engine per k, loaded lazily."""
-    from .engine import Engine
+    from appliance.engine import Engine
+    s = _settings(args)
 
     def load(k):
-        sparse = None if k is None else {"k": k, "block": args.sparse_block, "probe": args.sparse_probe,
-                                         "probe_mode": args.sparse_probe_mode}
-        return Engine.load(args.model, weights=args.weights, kv=args.kv, threads=args.threads,
-                           max_context=args.max_context or max_context, sparse=sparse, progress=False)
+        sparse = None if k is None else {"k": k, "block": s.sparse_block, "probe": s.sparse_probe,
+                                         "probe_mode": s.sparse_probe_mode}
+        return Engine.load(s.model, weights=s.weights, kv=s.kv, threads=s.threads,
+                           max_context=s.max_context or max_context, sparse=sparse, progress=False)
 
-    for k in [None] + _ks(args):
+    for k in [None] + _ks(args, s):
         yield ("exact" if k is None else "sparse"), k, load(k)
 
 
-def _ks(args) -> list[int]:
+def _settings(args):
+    """The engine flags but --sparse-k, which is a list here."""
+    return engine_settings(args, [k for k in ENGINE_KEYS if k != "sparse_k"])
+
+
+def _ks(args, s) -> list[int]:
     if args.sparse_k:
         return args.sparse_k
-    return [32] if args.sparse_attn else []
+    return [s.sparse_k] if s.sparse_attn else []
+
+
+def _sparse_facts(args) -> dict:
+    s = _settings(args)
+    return {"block": s.sparse_block, "probe": s.sparse_probe, "probe_mode": s.sparse_probe_mode}
 
 
 # ---- needle ----------------------------------------------------------------------------------
@@ -169,8 +181,7 @@ def run_needle(args) -> dict:
                          "recall": sum(flat) / len(flat),
                          "by_depth": {str(d): sum(v) / len(v) for d, v in hits.items()}})
     return {"task": "needle", "model": str(args.model or "demo_model"), "trials": args.trials,
-            "depths": list(DEPTHS), "block": args.sparse_block, "probe": args.sparse_probe,
-            "probe_mode": args.sparse_probe_mode, "rows": rows}
+            "depths": list(DEPTHS), **_sparse_facts(args), "rows": rows}
 
 
 def format_needle(result: dict) -> str:
@@ -200,8 +211,7 @@ def run_ppl(args) -> dict:
         rows.append({"attention": attention, "k": k, "tokens": len(logprobs), "nll": nll, "ppl": math.exp(nll)})
     return {"task": "ppl", "model": str(args.model or "demo_model"), "file": str(args.file),
             "windows": len(windows), "context": args.context, "prefix": args.prefix,
-            "block": args.sparse_block, "probe": args.sparse_probe,
-            "probe_mode": args.sparse_probe_mode, "rows": rows}
+            **_sparse_facts(args), "rows": rows}
 
 
 def _windows(ids: list[int], context: int, limit: int) -> list[list[int]]:
@@ -228,27 +238,7 @@ def _columns(rows) -> list[str]:
 
 
 # ---- command line ----------------------------------------------------------------------------
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def add_eval_parser(sub, add_engine_arguments) -> None:
+def add_eval_parser(sub) -> None:
     e = sub.add_parser("eval", help="needle retrieval and perplexity, exact vs sparse attention")
     kinds = e.add_subparsers(dest="eval_kind", metavar="KIND")
     kinds.required = True
@@ -259,21 +249,21 @@ def add_eval_parser(sub, add_engine_arguments) -> None:
                            conflict_handler="resolve")
     for p in (needle, ppl):
         add_engine_arguments(p)
-        p.add_argument("--sparse-k", type=_int_list, default=None,
+        p.add_argument("--sparse-k", type=int_list, default=None,
                        help="block-sparse runs to compare with exact attention, e.g. 1,2,4,8,16,32 "
-                            "(default: none; 32 with --sparse-attn)")
+                            "(default: none; --sparse-attn alone runs 32)")
         p.add_argument("--json", action="store_true", help="print one JSON object")
-    needle.add_argument("--context", type=_int_list, default=[512, 1024, 2048, 4096],
+    needle.add_argument("--context", type=int_list, default=[512, 1024, 2048, 4096],
                         help="prompt lengths in tokens (default 512,1024,2048,4096)")
-    needle.add_argument("--trials", type=_positive_int, default=2,
+    needle.add_argument("--trials", type=positive_int, default=2,
                         help="haystacks per context, each asked about a fact at every depth (default 2)")
     needle.add_argument("--seed", type=int, default=0)
     needle.set_defaults(func=_cmd_needle)
     ppl.add_argument("--file", required=True, help="UTF-8 text to score")
-    ppl.add_argument("--context", type=_positive_int, default=1024, help="window length in tokens (default 1024)")
-    ppl.add_argument("--prefix", type=_positive_int, default=512,
+    ppl.add_argument("--context", type=positive_int, default=1024, help="window length in tokens (default 1024)")
+    ppl.add_argument("--prefix", type=positive_int, default=512,
                      help="tokens prefilled before scoring starts in each window (default 512)")
-    ppl.add_argument("--windows", type=_positive_int, default=4, help="windows scored at most (default 4)")
+    ppl.add_argument("--windows", type=positive_int, default=4, help="windows scored at most (default 4)")
     ppl.set_defaults(func=_cmd_ppl)
 
 

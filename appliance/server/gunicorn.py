@@ -6,8 +6,7 @@ control socket per instance (gunicorn >= 25 otherwise shares $HOME/.gunicorn), a
 SIGTERM wired to the scheduler: stop admitting, let running requests finish within
 the grace period, then exit.
 
-The lead's CLI calls add_serve_arguments(parser) and run_serve(args);
-`python -m appliance.serve ...` does the same on its own.
+The `appliance serve` command (appliance/cli) calls add_serve_arguments(parser) and run_serve(args).
 """
 from __future__ import annotations
 
@@ -19,45 +18,21 @@ import signal
 import sys
 import tempfile
 
-from appliance.config import KV_FORMATS, WEIGHT_FORMATS, ConfigError, Settings, load_settings
+from appliance.config import ConfigError, Settings, add_setting_flags, settings_from_flags
 
 log = logging.getLogger("appliance.serve")
 
-# flag dest -> settings key (flags left at None mean "not given": file/env/defaults apply)
-FLAG_KEYS = ("model", "host", "port", "api_key", "weights", "kv", "threads", "max_context", "kv_cache_tokens",
-             "sparse_attn", "sparse_k", "sparse_block", "sparse_probe", "sparse_probe_mode", "max_queue", "max_batch",
-             "request_timeout", "max_body_bytes", "grace_period", "log_level")
-
-
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    a = parser.add_argument
-    a("--config", metavar="FILE", help="YAML settings file (also APPLIANCE_CONFIG)")
-    a("--model", metavar="DIR", help="model directory (Hugging Face layout); default: the embedded demo model")
-    a("--host", help="address to listen on (default 127.0.0.1)")
-    a("--port", type=int, help="port (default 8080)")
-    a("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* (also APPLIANCE_API_KEY)")
-    a("--weights", choices=WEIGHT_FORMATS, help="weight format (default: the model family's, q8 for dense Qwen3)")
-    a("--kv", choices=KV_FORMATS, help="KV cache format (default q8)")
-    a("--sparse-attn", action="store_true", default=None, help="block-sparse attention for long contexts")
-    a("--sparse-k", type=int, metavar="K", help="blocks kept by sparse attention (default 32)")
-    a("--sparse-block", type=int, metavar="N", help="positions per sparse block (default 32)")
-    a("--sparse-probe", type=int, metavar="N", help="probe samples per block, strided probe mode (default 8)")
-    a("--sparse-probe-mode", choices=("bound", "strided"), help="sparse block scoring (default bound)")
-    a("--threads", type=int, metavar="N", help="compute threads (default: the engine's choice)")
-    a("--max-context", type=int, metavar="N", help="cap on context tokens (default: the model's)")
-    a("--kv-cache-tokens", type=int, metavar="N", help="KV pool size in tokens, shared by all sequences")
-    a("--max-queue", type=int, metavar="N", help="requests waiting for a slot before 503 (default 16)")
-    a("--max-batch", type=int, metavar="N", help="sequences decoded together (default 8)")
-    a("--request-timeout", type=float, metavar="S", help="per-request time limit in seconds (default 600)")
-    a("--max-body-bytes", type=int, metavar="N", help="largest accepted request body (default 1 MiB)")
-    a("--grace-period", type=float, metavar="S", help="SIGTERM: seconds to finish running requests (default 30)")
-    a("--log-level", choices=("debug", "info", "warning", "error"))
-    a("--control-socket", metavar="PATH", help="gunicorn control socket (default: one per host:port in the temp dir)")
+    """Every command-line setting (appliance/config.py defines them), the settings file, and the
+    gunicorn control socket."""
+    parser.add_argument("--config", metavar="FILE", help="YAML settings file (also APPLIANCE_CONFIG)")
+    add_setting_flags(parser)
+    parser.add_argument("--control-socket", metavar="PATH",
+                        help="gunicorn control socket (default: one per host:port in the temp dir)")
 
 
 def settings_from_args(args: argparse.Namespace, environ=None) -> Settings:
-    overrides = {k: getattr(args, k, None) for k in FLAG_KEYS}
-    return load_settings(getattr(args, "config", None), environ, overrides)
+    return settings_from_flags(args, config_file=getattr(args, "config", None), environ=environ)
 
 
 def default_control_socket(settings: Settings) -> str:
@@ -147,7 +122,8 @@ def _application_class():
             self.cfg.set("worker_exit", _worker_exit)
 
         def load(self):
-            logging.basicConfig(level=getattr(logging, self.settings.log_level.upper()),
+            # force: the worker's log format and level are the server's, whatever the CLI set up.
+            logging.basicConfig(level=getattr(logging, self.settings.log_level.upper()), force=True,
                                 format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
             from appliance.server import create_app
             return create_app({"settings": self.settings})
@@ -168,13 +144,3 @@ def run_serve(args: argparse.Namespace) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="appliance serve", description=__doc__.splitlines()[0])
-    add_serve_arguments(parser)
-    return run_serve(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 
-from .kv_cache import PagedKVCache
-from .models.base import Batch, Segment
-from .ops import kernels
+from appliance.engine.kv_cache import PagedKVCache
+from appliance.engine.batch import Batch, Segment
+from appliance.kernels.dispatch import kernels
 
 
 class ExactAttention:

@@ -27,11 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from appliance.engine import ContextLengthError, KVCacheFullError
+from appliance.engine.engine import ContextLengthError, KVCacheFullError
 
 log = logging.getLogger("appliance.scheduler")
 
 OUTCOMES = ("stop", "length", "cancelled", "timeout", "shutdown", "error")
+# Errors that are the request's fault, not the server's (the API answers them with a 4xx).
+REFUSALS = ("prompt_too_long", "invalid_prompt")
 PREFILL_BUDGET = 512     # prompt tokens prefilled per step while other sequences decode
 
 
@@ -59,7 +61,7 @@ class Finished:
     message: str = ""            # why, for timeout/shutdown/error
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    code: str = ""               # machine-readable cause, e.g. "context_length_exceeded"
+    cause: str = ""              # why an "error" outcome: one of REFUSALS, or "" (the engine failed)
 
 
 @dataclass
@@ -293,14 +295,14 @@ class Scheduler:
             if not self.running:   # nothing will free blocks: this prompt can never fit
                 self._finish(req, Finished("error", None,
                                            f"the prompt ({len(req.prompt_ids)} tokens) does not fit in the KV cache",
-                                           code="context_length_exceeded"))
+                                           cause="prompt_too_long"))
                 return True
             return False
         except ContextLengthError as e:
-            self._finish(req, Finished("error", None, str(e), code="context_length_exceeded"))
+            self._finish(req, Finished("error", None, str(e), cause="prompt_too_long"))
             return True
         except ValueError as e:    # e.g. a token id outside the vocabulary
-            self._finish(req, Finished("error", None, str(e), code="invalid_value"))
+            self._finish(req, Finished("error", None, str(e), cause="invalid_prompt"))
             return True
         req.admitted_at = time.monotonic()
         self.running.append(req)

@@ -15,8 +15,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
                                disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from appliance.profiler import DecodeStats, PrefillStats, VisionStats
-from appliance.scheduler import OUTCOMES, RequestStats, StepTokens
+from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
+from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
 
 DECODE_TOKEN_BUCKETS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
                         0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)

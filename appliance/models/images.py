@@ -11,25 +11,20 @@ patches ordered merge-block by merge-block (so the merger's 2x2 groups are conse
 rows), each row laid out (channel, frame, y, x) with the image repeated over the
 temporal_patch_size frames.
 
-Also the input side of the chat API: data: URLs, size limits, and the allow-list that
-remote URLs must pass (boards usually have no internet).
+Where image bytes come from (data: URLs, allow-listed hosts) is the server's business:
+appliance/server/image_fetch.py.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import json
 import math
-import re
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ApplianceError
+from appliance.errors import ApplianceError
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024       # an encoded image (a camera JPEG is 1-5 MB)
 MAX_DECODED_PIXELS = 50_000_000          # a decoded image: refuses decompression bombs before they load
@@ -69,7 +64,7 @@ class ImageProcessorConfig:
         path = Path(model_dir) / "preprocessor_config.json"
         if not path.exists():
             return cls()
-        from .errors import ModelLoadError
+        from appliance.errors import ModelLoadError
         try:
             return cls.from_dict(json.loads(path.read_text()))
         except (ValueError, TypeError) as e:
@@ -181,70 +176,3 @@ def prepare_image(data: bytes, cfg: ImageProcessorConfig, max_bytes: int = MAX_I
     if len(data) > max_bytes:
         raise ImageError(f"the image is {len(data)} bytes, over the limit of {max_bytes} bytes")
     return preprocess(decode_image(data), cfg)
-
-
-# ---- the chat API's image_url ------------------------------------------------------------
-
-_DATA_URL = re.compile(r"^data:(?P<mime>image/[\w.+-]+)?(?P<params>(;[\w-]+=[^;,]*)*)(?P<b64>;base64)?,",
-                       re.IGNORECASE)
-
-
-@dataclass
-class ImageFetchPolicy:
-    """Where images may come from: data: URLs always; http(s) URLs only from allowed hosts."""
-
-    allowed_hosts: list[str] = field(default_factory=list)   # "camera.local", "*.lan"; empty: none
-    max_bytes: int = MAX_IMAGE_BYTES
-    timeout_s: float = 5.0
-
-    def host_allowed(self, host: str) -> bool:
-        host = host.lower()
-        for pattern in self.allowed_hosts:
-            pattern = pattern.lower()
-            if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
-                return True
-        return False
-
-
-def image_bytes_from_url(url: str, policy: ImageFetchPolicy | None = None) -> bytes:
-    """The bytes an image_url names: a base64 data: URL, or an allow-listed http(s) URL."""
-    policy = policy or ImageFetchPolicy()
-    if not isinstance(url, str) or not url:
-        raise ImageError("image_url.url must be a non-empty string")
-    if url[:5].lower() == "data:":
-        return _data_url_bytes(url, policy.max_bytes)
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ImageError(f"image_url.url must be a data: URL (data:image/...;base64,...) or an http(s) URL, "
-                         f"not {url[:40]!r}")
-    if not policy.host_allowed(parsed.hostname):
-        raise ImageError(f"remote image URLs are not allowed (host {parsed.hostname!r} is not in the "
-                         f"server's image URL allow-list); send the image inline as a data: URL")
-    return _fetch(url, policy)
-
-
-def _data_url_bytes(url: str, max_bytes: int) -> bytes:
-    match = _DATA_URL.match(url)
-    if not match or not match.group("b64"):
-        raise ImageError("image_url.url must be a base64 data URL: data:image/<type>;base64,<data>")
-    payload = url[match.end():]
-    if len(payload) > 4 * (max_bytes // 3 + 1) + 4:
-        raise ImageError(f"the image is over the limit of {max_bytes} bytes")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageError("the image's data URL is not valid base64") from None
-    if len(data) > max_bytes:
-        raise ImageError(f"the image is {len(data)} bytes, over the limit of {max_bytes} bytes")
-    return data
-
-
-def _fetch(url: str, policy: ImageFetchPolicy) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=policy.timeout_s) as response:  # noqa: S310 (allow-listed)
-            data = response.read(policy.max_bytes + 1)
-    except Exception as e:
-        raise ImageError(f"could not fetch the image ({type(e).__name__}: {e})") from None
-    if len(data) > policy.max_bytes:
-        raise ImageError(f"the image is over the limit of {policy.max_bytes} bytes")
-    return data

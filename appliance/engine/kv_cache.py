@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import quant
-from .errors import KVCacheFullError
+from appliance.kernels import quant
+from appliance.options import KV_FORMATS
+from appliance.errors import KVCacheFullError
 
 try:
-    from . import _kvops
+    from appliance.kernels import _kvops
 except ImportError:   # APPLIANCE_KERNELS=numpy development runs without a build
     _kvops = None
 
-KV_KINDS = ("q8", "q4", "f32")
 
 
 def bytes_per_token_per_layer(kind: str, n_kv: int, head_dim: int) -> int:
@@ -35,7 +35,7 @@ def bytes_per_token_per_layer(kind: str, n_kv: int, head_dim: int) -> int:
         return 2 * n_kv * (head_dim // 2 + 4 * (head_dim // quant.QK))
     if kind == "f32":
         return 2 * n_kv * head_dim * 4
-    raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_KINDS)})")
+    raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_FORMATS)})")
 
 
 @dataclass
@@ -67,8 +67,8 @@ class SequenceBlocks:
 class PagedKVCache:
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, kind: str = "q8",
                  block_size: int = 32, capacity_tokens: int = 4096):
-        if kind not in KV_KINDS:
-            raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_KINDS)})")
+        if kind not in KV_FORMATS:
+            raise ValueError(f"unknown KV cache kind {kind!r} (choose from {', '.join(KV_FORMATS)})")
         if kind == "q4" and head_dim % quant.QK:
             raise ValueError(f"q4 KV needs head_dim divisible by {quant.QK}, got {head_dim}")
         self.kind, self.n_layers, self.n_kv, self.head_dim = kind, n_layers, n_kv, head_dim

@@ -14,8 +14,8 @@ import statistics
 import numpy as np
 import psutil
 
-from .profiler import DecodeStats, PrefillStats
-from .sampling import SamplingParams
+from appliance.engine.stats import DecodeStats, PrefillStats
+from appliance.engine.sampling import SamplingParams
 
 MIB = 1 << 20
 

@@ -9,7 +9,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import ApplianceError, ModelLoadError
+from appliance.errors import ApplianceError, ModelLoadError
 
 
 class ChatTemplateError(ApplianceError, ValueError):

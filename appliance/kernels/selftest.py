@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from . import cpu
+from appliance.kernels import cpu
 
 GEMM_RTOL = 1e-4        # float sums in a different order
 FLOAT_RTOL = 1e-5       # rmsnorm, rope, silu
@@ -51,7 +51,7 @@ def _checks(k, rng):
             yield (f"{name} int32{' max' if extreme else ''}", same,
                    "bit-exact" if same else f"{int((a != b).sum())} of {a.size} sums differ")
 
-    from .quant import quantize_q4_0, quantize_q8_0
+    from appliance.kernels.quant import quantize_q4_0, quantize_q8_0
     w = rand(67, 1024)
     for name, packer, gemm in (("gemm_q8", quantize_q8_0, k.gemm_q8), ("gemm_q4", quantize_q4_0, k.gemm_q4)):
         wq, wd = packer(w)
@@ -76,7 +76,7 @@ def _checks(k, rng):
     yield "silu_mul", np.allclose(k.silu_mul(g, u, path="simd"), k.silu_mul(g, u, path="portable"),
                                   rtol=FLOAT_RTOL, atol=1e-6), ""
 
-    from .quant import quantize_kv_q4, quantize_kv_q8
+    from appliance.kernels.quant import quantize_kv_q4, quantize_kv_q8
     n_blocks, n_kv, bs, hd, group, ctx = 6, 2, 32, 128, 2, 150
     kf, vf = rand(n_blocks, n_kv, bs, hd), rand(n_blocks, n_kv, bs, hd)
     table = np.array([4, 0, 5, 2, 1], np.int32)
@@ -100,7 +100,7 @@ def _checks(k, rng):
         yield f"attention_{kind}", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
 
     # Block-sparse attention: the prefill importance kept by the attention pass, and the bound probe.
-    from .quant import quantize_bound_rows
+    from appliance.kernels.quant import quantize_bound_rows
     (kq, ks), (vq, vs) = quantize_kv_q8(kf), quantize_kv_q8(vf)
     imp = [np.zeros(ctx, np.float32), np.zeros(ctx, np.float32)]
     for path, acc in zip(("simd", "portable"), imp):
@@ -123,7 +123,7 @@ def selftest_report() -> dict:
     (the fleet's BoardSelftestFailing alert): a board whose kernels went wrong after the
     rollout's selftest (a CPU swap, a changed library) is then still caught.
     """
-    from . import _kernels as k
+    from appliance.kernels import _kernels as k
     report = {"kernel_path": k.kernel_path(), "cpu_features": k.cpu_features(),
               "cpu_supported": bool(k.cpu_supported()), "big_cores": cpu.big_cores(),
               "threads": cpu.default_threads(), "checks": []}

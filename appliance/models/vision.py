@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .linear import Linear
-from .models.base import TensorSpec, config_error
-from .quant import QK
+from appliance.models.qwen3 import rope_inv_freq
+from appliance.weights.linear import Linear
+from appliance.errors import ModelLoadError
+from appliance.weights.spec import TensorSpec
+from appliance.kernels.quant import QK
 
 
 @dataclass
@@ -61,22 +63,22 @@ class VisionConfig:
                       rope_theta=float((d.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
                       deepstack_visual_indexes=tuple(int(i) for i in d.get("deepstack_visual_indexes") or ()))
         except KeyError as e:
-            raise config_error(path, f"vision_config: missing key {e.args[0]!r}") from None
+            raise ModelLoadError(path, f"vision_config: missing key {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
-            raise config_error(path, f"vision_config: bad value ({e})") from None
+            raise ModelLoadError(path, f"vision_config: bad value ({e})") from None
         if cfg.hidden_act not in ACTIVATIONS:
-            raise config_error(path, f"vision_config: hidden_act {cfg.hidden_act!r} is not supported "
+            raise ModelLoadError(path, f"vision_config: hidden_act {cfg.hidden_act!r} is not supported "
                                      f"({', '.join(ACTIVATIONS)})")
         if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
-            raise config_error(path, f"vision_config: hidden_size {cfg.hidden_size} does not split into "
+            raise ModelLoadError(path, f"vision_config: hidden_size {cfg.hidden_size} does not split into "
                                      f"{cfg.num_heads} heads of a multiple of 4")
         side = int(math.isqrt(cfg.num_position_embeddings))
         if side * side != cfg.num_position_embeddings:
-            raise config_error(path, f"vision_config: num_position_embeddings {cfg.num_position_embeddings} "
+            raise ModelLoadError(path, f"vision_config: num_position_embeddings {cfg.num_position_embeddings} "
                                      f"is not a square grid")
         bad = [i for i in cfg.deepstack_visual_indexes if not 0 <= i < cfg.depth]
         if bad:
-            raise config_error(path, f"vision_config: deepstack layer {bad[0]} is outside 0..{cfg.depth - 1}")
+            raise ModelLoadError(path, f"vision_config: deepstack layer {bad[0]} is outside 0..{cfg.depth - 1}")
         return cfg
 
     @property
@@ -241,8 +243,7 @@ class VisionTower:
         self.deepstack = [PatchMerger(cfg, kind, t, f"v.deepstack.{j}", norm_after_grouping=True)
                           for j in range(len(cfg.deepstack_visual_indexes))]
         hd = cfg.head_dim
-        quarter = np.arange(0, hd // 2, 2, dtype=np.int64).astype(np.float32) / np.float32(hd // 2)
-        self.inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** quarter)).astype(np.float32)   # [hd/4]
+        self.inv_freq = rope_inv_freq(cfg.rope_theta, hd // 2)                  # [hd/4]
 
     def __call__(self, pixel_values: np.ndarray, grid_thw, timer) -> tuple[np.ndarray, list[np.ndarray]]:
         """pixel_values float32[N, 3*T*P*P] of one image -> (float32[N/4, out_hidden],
@@ -303,7 +304,7 @@ def _quantized_linear(kind: str, w: np.ndarray, bias: np.ndarray) -> Linear:
     """A Linear from a float32 weight computed at load (the folded patch kernel)."""
     if kind == "f32" or w.shape[1] % QK:
         return Linear("f32", *w.shape, w=w, bias=bias)
-    from . import quant
+    from appliance.kernels import quant
     if kind == "q4":
         qs, d = quant.quantize_q4_0(w)
     else:

@@ -1,4 +1,4 @@
-"""The `appliance` command: serve | generate | bench | selftest | quantize.
+"""The `appliance` command: serve | generate | bench | eval | selftest | quantize.
 
 Errors a user can fix (bad flags, a broken model directory) end in one line on
 stderr and a non-zero exit, never a traceback.
@@ -11,67 +11,10 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import ApplianceError
-
-MODEL_HELP = "Hugging Face checkpoint directory (default: the embedded demo model)"
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--weights", choices=["q8", "q4", "f32"], default=None,
-                   help="weight format (default q8; q4 for MoE models)")
-    p.add_argument("--kv", choices=["q8", "q4", "f32"], default="q8", help="KV cache format (default q8)")
-    p.add_argument("--threads", type=_positive_int, default=None,
-                   help="kernel threads (default: one per big core)")
-    p.add_argument("--max-context", type=_positive_int, default=None, help="context window to allow")
-    add_sparse_arguments(p)
-
-
-def add_sparse_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sparse-attn", action="store_true", help="block-sparse attention at long context")
-    p.add_argument("--sparse-k", type=_positive_int, default=32, help="blocks kept per head (default 32)")
-    p.add_argument("--sparse-block", type=_positive_int, default=32, help="positions per block (default 32)")
-    p.add_argument("--sparse-probe", type=_positive_int, default=8,
-                   help="rows probed per block with --sparse-probe-mode strided (default 8)")
-    p.add_argument("--sparse-probe-mode", choices=("bound", "strided"), default="bound",
-                   help="how blocks are scored: a key bound then the exact max of the best k (default), "
-                        "or ENGINE.md's max over --sparse-probe sampled rows")
-
-
-def sparse_config(args, k: int | None = None):
-    """The SparseConfig the flags ask for (None without --sparse-attn, unless k is forced)."""
-    if not args.sparse_attn and k is None:
-        return None
-    from .sparse import SparseConfig
-    return SparseConfig(k=k or args.sparse_k, block=args.sparse_block, probe=args.sparse_probe,
-                        probe_mode=args.sparse_probe_mode)
-
-
-def load_engine(args, sparse="flags", **extra):
-    from .engine import Engine
-    return Engine.load(args.model, weights=args.weights, kv=args.kv, threads=args.threads,
-                       max_context=args.max_context,
-                       sparse=sparse_config(args) if sparse == "flags" else sparse, **extra)
+from appliance.cli.args import (MODEL_HELP, add_engine_arguments, engine_settings, int_list, load_engine,
+                                positive_int)
+from appliance.errors import ApplianceError
+from appliance.options import WEIGHT_FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message for --chat")
     g.add_argument("--image", action="append", default=[], metavar="FILE",
                    help="an image for --chat, placed before the text (repeatable; a vision model such as Qwen3-VL)")
-    g.add_argument("--max-tokens", type=_positive_int, default=128)
+    g.add_argument("--max-tokens", type=positive_int, default=128)
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None)
@@ -101,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill and decode speed per context length")
     add_engine_arguments(b)
-    b.add_argument("--context", type=_int_list, default=[128, 1024, 4096], help="e.g. 128,1024,4096")
-    b.add_argument("--gen", type=_positive_int, default=32, help="tokens decoded per context")
-    b.add_argument("--repeat", type=_positive_int, default=1, help="prefill repetitions (median)")
+    b.add_argument("--context", type=int_list, default=[128, 1024, 4096], help="e.g. 128,1024,4096")
+    b.add_argument("--gen", type=positive_int, default=32, help="tokens decoded per context")
+    b.add_argument("--repeat", type=positive_int, default=1, help="prefill repetitions (median)")
     b.add_argument("--compare-exact", action="store_true",
                    help="with --sparse-attn: run exact attention too and print both side by side")
     b.add_argument("--json", action="store_true")
@@ -115,14 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quantize", help="build the quantized weight cache of a model ahead of time")
     q.add_argument("--model", default=None, help=MODEL_HELP)
-    q.add_argument("--weights", choices=["q8", "q4"], default="q8")
+    q.add_argument("--weights", choices=[f for f in WEIGHT_FORMATS if f != "f32"], default="q8",
+                   help="format to quantize to (default q8)")
     q.set_defaults(func=cmd_quantize)
 
-    from .evaluate import add_eval_parser
-    add_eval_parser(sub, add_engine_arguments)
+    from appliance.cli.evaluate import add_eval_parser
+    add_eval_parser(sub)
 
     try:
-        from .serve import add_serve_arguments, run_serve
+        from appliance.server.gunicorn import add_serve_arguments, run_serve
     except ImportError:
         add_serve_arguments = run_serve = None
     if add_serve_arguments is not None:
@@ -162,15 +106,16 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import format_comparison, format_table, run_bench
+    from appliance.cli.bench import format_comparison, format_table, run_bench
     if args.max_context is None:
         args.max_context = max(args.context) + args.gen + 1
+    sparse = engine_settings(args).sparse_attn
     runs = {}
-    if args.compare_exact or not args.sparse_attn:
+    if args.compare_exact or not sparse:
         engine = load_engine(args, sparse=None)
         runs["exact"] = (engine, run_bench(engine, args.context, args.gen, repeat=args.repeat))
         del engine
-    if args.sparse_attn:
+    if sparse:
         engine = load_engine(args)
         runs["sparse"] = (engine, run_bench(engine, args.context, args.gen, repeat=args.repeat))
     if args.json:
@@ -184,12 +129,12 @@ def cmd_bench(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from .selftest import run_selftest
+    from appliance.kernels.selftest import run_selftest
     return run_selftest(as_json=args.json)
 
 
 def cmd_quantize(args) -> int:
-    from .engine import Engine
+    from appliance.engine.engine import Engine
     engine = Engine.load(args.model, weights=args.weights)
     print(f"{engine.model_dir}: {args.weights} weights ready ({engine.weight_bytes / 2**20:.1f} MiB)")
     return 0
@@ -200,7 +145,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
-    from .profiler import profiling_enabled
+    from appliance.engine.stats import profiling_enabled
     if profiling_enabled():
         logging.getLogger("appliance.profile").setLevel(logging.INFO)
     try:

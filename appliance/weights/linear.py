@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import kernels
-from .quant import QK
+from appliance.kernels.dispatch import kernels
+from appliance.kernels.quant import QK
 
 
 class Linear:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import quant
+from appliance.kernels import quant
 
 
 def quantize_rows_q8(x, path="simd"):

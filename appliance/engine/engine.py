@@ -19,22 +19,23 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cpu, profiler
-from . import images as image_io
-from .errors import ContextLengthError, KVCacheFullError, ModelLoadError
-from .kv_cache import KV_KINDS, PagedKVCache, SequenceBlocks
-from .models import family_for
-from .models.base import Batch, Segment
-from .ops import kernels
-from .sampling import Sampler, SamplingParams, TextStream, log_softmax
-from .sparse import SparseConfig, make_attention
-from .tokenizer import Tokenizer
-from .weights import WEIGHT_FORMATS, load_tensors
+from appliance.kernels import cpu
+from appliance.engine import stats as profiler
+from appliance.models import images as image_io
+from appliance.errors import ContextLengthError, KVCacheFullError, ModelLoadError
+from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
+from appliance.models import family_for
+from appliance.engine.batch import Batch, Segment
+from appliance.kernels.dispatch import kernels
+from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_softmax
+from appliance.options import DEFAULT_MAX_CONTEXT, KV_BLOCK, KV_FORMATS, WEIGHT_FORMATS, SparseConfig
+from appliance.engine.sparse import make_attention
+from appliance.engine.tokenizer import Tokenizer
+from appliance.weights.loader import load_tensors
 
 __all__ = ["Engine", "Sequence", "TokenEvent", "ContextLengthError", "KVCacheFullError"]
 
-DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
-DEFAULT_MAX_CONTEXT = 32768
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "demo_model"
 
 
 @dataclass
@@ -119,9 +120,9 @@ class Engine:
             sparse = SparseConfig(**sparse)
         if weights is not None and weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
-        if kv not in KV_KINDS:
-            raise ValueError(f"kv must be one of {', '.join(KV_KINDS)}, not {kv!r}")
-        model_dir = Path(path) if path is not None else DEMO_MODEL_DIR
+        if kv not in KV_FORMATS:
+            raise ValueError(f"kv must be one of {', '.join(KV_FORMATS)}, not {kv!r}")
+        model_dir = Path(path).expanduser() if path is not None else DEMO_MODEL_DIR
         if not model_dir.is_dir():
             raise ModelLoadError(model_dir, "not a directory")
         config_path = model_dir / "config.json"
@@ -146,7 +147,7 @@ class Engine:
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
         cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kind=kv,
-                             block_size=sparse.block if sparse else 32,
+                             block_size=sparse.block if sparse else KV_BLOCK,
                              capacity_tokens=max(kv_cache_tokens or limit, limit))
         engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=cache, weights=weights, kv=kv,
                      threads=threads, max_context=limit, model_dir=model_dir,

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import quant
-from .errors import ModelLoadError
-from .models.base import TensorSpec
-from .safetensors_io import SafetensorsFile, to_float32, write_safetensors_stream
+from appliance.kernels import quant
+from appliance.options import WEIGHT_FORMATS
+from appliance.errors import ModelLoadError
+from appliance.weights.spec import TensorSpec
+from appliance.weights.safetensors_io import SafetensorsFile, to_float32, write_safetensors_stream
 
 CACHE_VERSION = "1"
-WEIGHT_FORMATS = ("q8", "q4", "f32")
 
 
 class Checkpoint:

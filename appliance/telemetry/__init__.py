@@ -1,0 +1,1 @@
+"""Stats objects -> Prometheus series (metrics), and the thermal watch over sysfs (thermal)."""

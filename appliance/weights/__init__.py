@@ -1,0 +1,1 @@
+"""Checkpoints: safetensors reading (memory-mapped), quantization into the cached formats, linear layers."""
