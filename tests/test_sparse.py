@@ -98,7 +98,7 @@ def test_sparse_prefill_records_importance(tiny_qwen3_dir):
     prompt = [int(t) for t in np.random.default_rng(4).integers(3, 400, size=300)]
     seq = engine.start(prompt, engine.sampling_params(max_tokens=2, temperature=0.0))
     engine.prefill(seq)
-    imp = seq.blocks.importance
+    imp = seq.blocks.importance.tokens
     assert imp.shape == (engine.config.num_hidden_layers, 300)
     # every query head of every query spreads a mass of 1 over the tokens it reads
     heads = engine.config.num_attention_heads
@@ -107,15 +107,15 @@ def test_sparse_prefill_records_importance(tiny_qwen3_dir):
 
 
 def test_decode_block_importance_is_the_block_sum_of_the_prompt_importance():
-    from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
+    from appliance.engine.kv_cache import PagedKVCache, PromptImportance, SequenceBlocks
     from appliance.engine.sparse import SparseAttention, SparseConfig, block_importance
     cache = PagedKVCache(3, 1, 32, kind="f32", capacity_tokens=32 * 40)
     attn = SparseAttention(cache, 32, 3, SparseConfig(k=4, block=32, probe=8))
-    seq = SequenceBlocks(importance=np.random.default_rng(0).random((3, 100)).astype(np.float32))
-    for nb in (4, 5, 9, 200, 5):                   # the memo grows and is sliced, never stale
+    seq = SequenceBlocks(importance=PromptImportance(np.random.default_rng(0).random((3, 100)).astype(np.float32)))
+    for nb in (4, 5, 9, 200, 5):                   # the sums grow and are sliced, never stale
         for layer in range(3):
             assert np.array_equal(attn._block_importance(layer, seq, nb),
-                                  block_importance(seq.importance[layer], nb, 32))
-    seq.importance = np.ones((3, 40), np.float32)    # a new prompt: new sums
+                                  block_importance(seq.importance.tokens[layer], nb, 32))
+    seq.importance = PromptImportance(np.ones((3, 40), np.float32))    # a new prompt: new sums
     assert attn._block_importance(0, seq, 3).tolist() == [32.0, 8.0, 0.0]
     assert attn._block_importance(0, SequenceBlocks(), 3) is None

@@ -125,7 +125,7 @@ def test_metrics_export_thermal(tmp_path):
     mon.sample()
     mon.sample()
     m = Metrics(process_metrics=False)
-    m.bind(thermal=mon)
+    m.bind(thermal=mon.snapshot)
     text = m.render()[0].decode()
     assert 'appliance_thermal_zone_temperature_celsius{zone="bigcore2-thermal"} 86.5' in text
     assert 'zone="npu-thermal"' not in text                        # unknown: no sample at all

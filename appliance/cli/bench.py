@@ -42,7 +42,7 @@ def measure(engine, n: int, gen: int, salt: int = 0) -> tuple[PrefillStats, list
         finally:
             engine.release(seq)
     finally:
-        engine._listeners.remove(seen.append)
+        engine.remove_stats_listener(seen.append)
     prefill = next(s for s in seen if isinstance(s, PrefillStats))
     return prefill, [s for s in seen if isinstance(s, DecodeStats)]
 
@@ -84,7 +84,7 @@ def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[di
             rows[-1].update(experts_per_token=statistics.median(experts_per_step) if experts_per_step else float("nan"),
                             experts_run_share=use.share_ever_ran, rss_bytes=psutil.Process().memory_info().rss)
     if use is not None:
-        engine._listeners.remove(count_experts)
+        engine.remove_stats_listener(count_experts)
     return rows
 
 

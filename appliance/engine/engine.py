@@ -23,7 +23,7 @@ from appliance.kernels import cpu
 from appliance.engine import stats as profiler
 from appliance.models import images as image_io
 from appliance.errors import ContextLengthError, KVCacheFullError, ModelLoadError
-from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
+from appliance.engine.kv_cache import PagedKVCache, PromptImportance, SequenceBlocks
 from appliance.models import family_for
 from appliance.engine.batch import Batch, Segment
 from appliance.kernels.dispatch import kernels
@@ -104,6 +104,9 @@ class Engine:
     prefill_chunk: int = 512
     weight_bytes: int = 0
     sparse: SparseConfig | None = None
+    attention: object = None                   # ExactAttention or SparseAttention over `cache`
+    # Callables that receive every stats object the engine emits (engine/stats.py).
+    listeners: list = field(default_factory=list, repr=False)
 
     # ---- loading -----------------------------------------------------------
     @classmethod
@@ -153,9 +156,8 @@ class Engine:
                      threads=threads, max_context=limit, model_dir=model_dir,
                      generation_defaults=_sampling_defaults(gen),
                      prefill_chunk=prefill_chunk, sparse=sparse,
-                     weight_bytes=sum(t.nbytes for t in tensors.values()))
-        engine._attention = make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse)
-        engine._listeners = []
+                     weight_bytes=sum(t.nbytes for t in tensors.values()),
+                     attention=make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse))
         return engine
 
     @property
@@ -187,12 +189,25 @@ class Engine:
         return self.cache.blocks_used
 
     def add_stats_listener(self, fn) -> None:
-        self._listeners.append(fn)
+        self.listeners.append(fn)
+
+    def remove_stats_listener(self, fn) -> None:
+        self.listeners.remove(fn)
 
     def _emit(self, stats) -> None:
         profiler.emit(stats)
-        for fn in self._listeners:
+        for fn in self.listeners:
             fn(stats)
+
+    def kernel_selftest(self) -> dict | None:
+        """The compiled kernels against their portable twins on this CPU (~0.3 s): the report of
+        `appliance selftest` ({"ok", "kernel_path", "checks", ...}); None when the numpy twin runs
+        (APPLIANCE_KERNELS=numpy: nothing compiled to check)."""
+        from appliance.kernels.dispatch import COMPILED
+        if not COMPILED:
+            return None
+        from appliance.kernels.selftest import selftest_report
+        return selftest_report()
 
     # ---- images ----------------------------------------------------------------
     @property
@@ -267,7 +282,7 @@ class Engine:
         """The prompt through the model in chunks; the last row's logits."""
         ids = seq.prompt_ids
         if self.sparse is not None:
-            seq.blocks.importance = np.zeros((self.config.num_hidden_layers, len(ids)), np.float32)
+            seq.blocks.importance = PromptImportance(np.zeros((self.config.num_hidden_layers, len(ids)), np.float32))
         for start in range(0, len(ids), self.prefill_chunk):
             chunk = ids[start:start + self.prefill_chunk]
             last = start + len(chunk) >= len(ids)
@@ -399,7 +414,7 @@ class Engine:
             positions.append(qpos)
             row += n
         batch = Batch(np.asarray(tokens, dtype=np.intp), np.concatenate(positions), segments)
-        hidden = self.model.forward(batch, self._attention, timer)
+        hidden = self.model.forward(batch, self.attention, timer)
         if rows == "none":
             return hidden[:0]
         if rows == "last":

@@ -1,6 +1,6 @@
 """The kernel module the engine calls: the compiled one, or (APPLIANCE_KERNELS=numpy) its numpy twin.
 
-Everything numeric in the forward pass goes through `ops.kernels`, so swapping
+Everything numeric in the forward pass goes through `dispatch.kernels`, so swapping
 paths never touches model code.
 """
 from __future__ import annotations
@@ -27,3 +27,4 @@ def _load():
 
 
 kernels = _load()
+COMPILED = kernels.__name__ != "appliance.kernels.reference"   # False: the numpy twin runs

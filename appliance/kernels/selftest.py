@@ -119,9 +119,9 @@ def _checks(k, rng):
 def selftest_report() -> dict:
     """Run every check; {"ok", "kernel_path", "checks", ...}. Raises ImportError without kernels.
 
-    The server runs this too, once at start, and exports the verdict as appliance_selftest_ok
-    (the fleet's BoardSelftestFailing alert): a board whose kernels went wrong after the
-    rollout's selftest (a CPU swap, a changed library) is then still caught.
+    The server runs this too (Engine.kernel_selftest), once at start, and exports the verdict as
+    appliance_selftest_ok (the fleet's BoardSelftestFailing alert): a board whose kernels went
+    wrong after the rollout's selftest (a CPU swap, a changed library) is then still caught.
     """
     from appliance.kernels import _kernels as k
     report = {"kernel_path": k.kernel_path(), "cpu_features": k.cpu_features(),

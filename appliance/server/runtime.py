@@ -30,7 +30,7 @@ class Runtime:
         self.metrics = metrics or Metrics()
         self.live = LiveStats(queue_state=self._queue_state)
         self.thermal = ThermalMonitor(settings.sysfs_root, settings.thermal_interval)
-        self.metrics.bind(thermal=self.thermal)
+        self.metrics.bind(thermal=self.thermal.snapshot)
 
     def _queue_state(self) -> tuple[int, int]:
         s = self.scheduler.state if self.scheduler is not None else None
@@ -63,24 +63,22 @@ class Runtime:
             self.ready_event.set()
             return
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
-        self._selftest()
+        self._selftest(engine)
         self._serve(engine)
 
-    def _selftest(self) -> None:
-        """The kernels against their portable twins (~0.3 s), for appliance_selftest_ok.
+    def _selftest(self, engine) -> None:
+        """The engine's kernel selftest, once, for appliance_selftest_ok.
 
         Serving goes on either way: the fleet alert, not a dead board, is the answer to a
         failure here (Ansible's selftest already refused to start a release that fails it).
         """
-        import os
-        if os.environ.get("APPLIANCE_KERNELS") == "numpy":
-            return                       # the numpy twin: no compiled kernels to check
-        from appliance.kernels.selftest import selftest_report
         try:
-            report = selftest_report()
+            report = engine.kernel_selftest()
         except Exception as e:           # not built, or a check crashed: a fail, said plainly
             log.error("kernel selftest could not run: %s", e)
             self.metrics.set_selftest(False)
+            return
+        if report is None:               # the numpy twin: no compiled kernels to check
             return
         failed = [c["name"] for c in report["checks"] if not c["ok"]]
         if report["ok"]:
@@ -103,7 +101,7 @@ class Runtime:
         self.info = dict(engine.info())
         self.info.setdefault("sparse", s.sparse_config())
         self.metrics.set_model(engine.model_name, self.info)
-        self.metrics.bind(scheduler=scheduler)
+        self.metrics.bind(queue=lambda: scheduler.state)
         self.engine = engine
         self.scheduler = scheduler.start()
         self.status = "ready"

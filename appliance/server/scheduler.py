@@ -92,6 +92,7 @@ class SchedulerState:
     contexts: tuple[int, ...] = ()
     steps: int = 0
     admitting: bool = True
+    preemptions: int = 0         # sequences ended early because the KV pool was full
 
 
 _ids = itertools.count(1)
@@ -388,4 +389,4 @@ class Scheduler:
             running=len(self.running), waiting=waiting,
             kv_blocks_used=self.engine.kv_blocks_used, kv_blocks_total=self.engine.kv_blocks_total,
             contexts=tuple(r.seq.n_context for r in self.running if r.seq is not None),
-            steps=self.state.steps + 1, admitting=self.admitting)
+            steps=self.state.steps + 1, admitting=self.admitting, preemptions=self.preemptions)

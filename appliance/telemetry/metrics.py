@@ -1,8 +1,8 @@
 """Stats objects -> Prometheus series. The only module that knows prometheus-client.
 
-Inputs are plain objects: the engine's PrefillStats / DecodeStats (appliance.profiler),
-the scheduler's RequestStats / StepTokens and SchedulerState, and the thermal
-monitor's snapshots. Names follow Prometheus conventions: `appliance_` prefix, base
+Inputs are plain objects: the engine's PrefillStats / DecodeStats / VisionStats
+(appliance/engine/stats.py), the scheduler's RequestStats / StepTokens, and, read at scrape
+time through callables the server binds, the latest SchedulerState and ThermalSnapshot. Names follow Prometheus conventions: `appliance_` prefix, base
 units (seconds, hertz, celsius, ratio), `_total` on counters, explicit buckets.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _version(dist: str) -> str:
 
 
 class _LiveCollector:
-    """Gauges read at scrape time from the scheduler state and the thermal monitor."""
+    """Gauges read at scrape time from the latest scheduler state and thermal snapshot."""
 
     def __init__(self, owner: "Metrics"):
         self.owner = owner
@@ -52,8 +52,7 @@ class _LiveCollector:
         yield from self._thermal()
 
     def _scheduler(self):
-        sched = self.owner.scheduler
-        state = sched.state if sched is not None else None
+        state = self.owner.queue_state()
         running = GaugeMetricFamily("appliance_requests_running", "Requests decoding now.")
         waiting = GaugeMetricFamily("appliance_requests_waiting", "Requests queued for a decode slot.")
         used = GaugeMetricFamily("appliance_kv_cache_used_blocks", "KV cache blocks in use.")
@@ -66,7 +65,7 @@ class _LiveCollector:
         preempted = CounterMetricFamily("appliance_kv_preemptions",
                                         "Requests ended early because the KV cache could not grow.")
         if state is not None:
-            preempted.add_metric([], sched.preemptions)
+            preempted.add_metric([], state.preemptions)
             running.add_metric([], state.running)
             waiting.add_metric([], state.waiting)
             used.add_metric([], state.kv_blocks_used)
@@ -77,8 +76,7 @@ class _LiveCollector:
         yield from (running, waiting, used, total, usage, ctx, ctx_sum, preempted)
 
     def _thermal(self):
-        monitor = self.owner.thermal
-        snap = monitor.snapshot() if monitor is not None else None
+        snap = self.owner.thermal_state()
         temp = GaugeMetricFamily("appliance_thermal_zone_temperature_celsius",
                                  "Thermal zone temperature (zone = sysfs type).", labels=["zone"])
         cur = GaugeMetricFamily("appliance_cpu_frequency_hertz",
@@ -100,7 +98,7 @@ class _LiveCollector:
             for z in snap.zones:
                 if z.temp_c is not None:          # a missing sensor is unknown: no sample
                     temp.add_metric([z.name], z.temp_c)
-            seconds = dict(monitor.throttled_seconds)
+            seconds = snap.throttled_seconds
             for p in snap.policies:
                 labels = [p.name, p.cluster]
                 if p.cur_hz is not None:
@@ -121,8 +119,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, process_metrics: bool = True):
         disable_created_metrics()   # process-wide: the *_created series only double the scrape
         r = self.registry = registry or CollectorRegistry()
-        self.scheduler = None
-        self.thermal = None
+        self.queue_state = lambda: None        # -> SchedulerState | None (bind)
+        self.thermal_state = lambda: None      # -> ThermalSnapshot | None (bind)
         if process_metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
@@ -190,11 +188,13 @@ class Metrics:
 
     # ---- wiring --------------------------------------------------------------
 
-    def bind(self, scheduler=None, thermal=None) -> None:
-        if scheduler is not None:
-            self.scheduler = scheduler
+    def bind(self, queue=None, thermal=None) -> None:
+        """Sources read at scrape time: queue() -> the scheduler's latest SchedulerState,
+        thermal() -> the thermal watch's latest ThermalSnapshot (either may return None)."""
+        if queue is not None:
+            self.queue_state = queue
         if thermal is not None:
-            self.thermal = thermal
+            self.thermal_state = thermal
 
     def set_model(self, name: str, info: dict) -> None:
         def s(key):

@@ -76,6 +76,8 @@ class ThermalSnapshot:
     time: float
     zones: list[ZoneReading]
     policies: list[PolicyReading]
+    # Seconds each policy has spent throttled since the monitor started (ThermalMonitor fills it).
+    throttled_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def throttled(self) -> bool:
@@ -291,6 +293,7 @@ class ThermalMonitor:
                 if p.throttled:
                     self.throttled_seconds[p.name] += dt
             self._last_time = now
+            snap.throttled_seconds = dict(self.throttled_seconds)
             if snap.throttled:
                 self.last_throttled = snap.time
             self.latest = snap

@@ -61,10 +61,10 @@ def _selftest_gauge(metrics) -> float:
 
 
 @pytest.mark.parametrize("outcome", ["ok", "disagrees", "crashes"])
-def test_start_up_selftest_sets_the_gauge_the_fleet_alert_reads(monkeypatch, outcome):
+def test_start_up_selftest_sets_the_gauge_the_fleet_alert_reads(outcome):
     import math
+    import types
 
-    from appliance.kernels import selftest
     from appliance.config import Settings
     from appliance.telemetry.metrics import Metrics
     from appliance.server.runtime import Runtime
@@ -75,12 +75,19 @@ def test_start_up_selftest_sets_the_gauge_the_fleet_alert_reads(monkeypatch, out
         return {"ok": outcome == "ok", "kernel_path": "avx2",
                 "checks": [{"name": "gemm_q8", "ok": outcome == "ok", "detail": "-"}]}
 
-    monkeypatch.delenv("APPLIANCE_KERNELS", raising=False)
-    monkeypatch.setattr(selftest, "selftest_report", fake_report)
+    engine = types.SimpleNamespace(kernel_selftest=fake_report)   # the engine's side is its own test
     runtime = Runtime(Settings(sysfs_root="/nonexistent"), metrics=Metrics(process_metrics=False))
     assert math.isnan(_selftest_gauge(runtime.metrics))          # no verdict before it ran
-    runtime._selftest()
+    runtime._selftest(engine)
     assert _selftest_gauge(runtime.metrics) == (1.0 if outcome == "ok" else 0.0)
+
+
+def test_engine_selftest_is_the_kernels_report(tiny_qwen3_dir):
+    from appliance import Engine
+    from appliance.kernels.selftest import selftest_report
+
+    report = Engine.load(tiny_qwen3_dir, progress=False).kernel_selftest()
+    assert report["ok"] and {c["name"] for c in report["checks"]} == {c["name"] for c in selftest_report()["checks"]}
 
 
 PROM_CONFIG = """
