@@ -202,36 +202,6 @@ def read_env(environ: Mapping[str, str]) -> dict:
     return {key: environ[ENV_PREFIX + key.upper()] for key in KEYS if ENV_PREFIX + key.upper() in environ}
 
 
-def read_file(path: str) -> dict:
-    """Read a flat YAML settings file into {key: raw value}."""
-    try:
-        import yaml
-    except ImportError as e:  # pragma: no cover - pyyaml is a runtime dependency
-        raise ConfigError(f"config {path}: pyyaml is not installed ({e})") from e
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"config {path}: cannot read ({e.strerror or e})") from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config {path}: invalid YAML{where}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path}: expected a mapping of settings, got {type(data).__name__}")
-    unknown = sorted(str(k) for k in data if k not in KEYS)
-    if unknown:
-        raise ConfigError(f"config {path}: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
-    return dict(data)
-
-
-def read_env(environ: Mapping[str, str]) -> dict:
-    """APPLIANCE_<KEY> variables for the known keys (others, like APPLIANCE_PROFILE, belong elsewhere)."""
-    return {key: environ[ENV_PREFIX + key.upper()] for key in KEYS if ENV_PREFIX + key.upper() in environ}
-
-
 def validate(s: Settings) -> Settings:
     """Every setting against its definition, then the checks one definition cannot say."""
     for key, f in FIELDS.items():

@@ -113,7 +113,7 @@ def format_table(engine, rows: list[dict]) -> str:
 
 
 def format_comparison(exact: tuple, sparse: tuple) -> str:
-    """The two tables of ENGINE.md's reference figures, exact and sparse side by side."""
+    """The two tables of docs/engine.md's board figures, exact and sparse side by side."""
     (engine, exact_rows), (_, sparse_rows) = exact, sparse
     info = engine.info()
     sp = sparse[0].sparse

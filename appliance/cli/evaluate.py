@@ -5,7 +5,7 @@
 
 Needle: facts ("The password for the north gate is falcon.") are planted at several
 depths of filler text, the question goes through the model's chat template (a raw
-completion prompt makes even exact attention refuse, ENGINE.md), and a greedy reply
+completion prompt makes even exact attention refuse, docs/engine.md), and a greedy reply
 counts when the first code word it names is the planted one. The filler is the Python reference
 manual text that ships with every Python (pydoc_data.topics); scripts/train_demo_model.py
 holds those topics out of the demo model's training, so the haystack is unseen text.

@@ -3,7 +3,7 @@
 Decode, per layer and kv head (the group's query heads choose together, so a KV
 block is still read once per group):
   1. probe: each block's score is a max of q . K over the group's query heads and
-     - probe_mode "strided" (ENGINE.md's probe): over `probe` sampled rows, every
+     - probe_mode "strided" (docs/engine.md): over `probe` sampled rows, every
        (block // probe)-th (max, not first: a needle can sit mid-block);
      - probe_mode "bound" (the default): over all rows, for the k blocks whose key bound
        q+ . max + q- . min (two stored rows per block, an upper bound of every q . K in it)

@@ -2,7 +2,7 @@
 
 The engine fills these; it knows nothing of Prometheus. `appliance.metrics`
 (server side) and `appliance bench` read them. With APPLIANCE_PROFILE=1 each
-step is also logged in the one-line format of ENGINE.md.
+step is also logged in the one-line format of docs/engine.md ("Profiling").
 """
 from __future__ import annotations
 

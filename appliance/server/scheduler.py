@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from appliance.engine.engine import ContextLengthError, KVCacheFullError
+from appliance.errors import ContextLengthError, KVCacheFullError
 
 log = logging.getLogger("appliance.scheduler")
 

@@ -23,10 +23,11 @@ from appliance.kernels import quant
 from appliance.cli.main import main as cli_main
 from appliance.errors import ModelLoadError
 from appliance.models.qwen3_moe import Qwen3MoeConfig
+from family_checks import (TEXT, assert_close_logits, check_batched_decode_equals_single,
+                           check_decode_matches_full_pass, check_f32_logits)
 from tiny_models import reference_logits
 from tiny_models_moe import build_qwen3_moe
 
-F32_RTOL = 1e-4            # relative to the largest |logit| of the position, as test_qwen3.py
 # Quantized engine vs the torch simulation of the same quantization. They differ by float
 # rounding (~1e-6) until an activation lands within rounding noise of an int8 rounding
 # boundary: one quantum flips, and through the KV cache the later positions drift apart
@@ -44,9 +45,6 @@ SHAPES = {
     "top8_of_8_step2_bf16_sharded": dict(experts=8, top_k=8, layers=3, mlp_only_layers=(), decoder_sparse_step=2,
                                          dtype="bfloat16", max_shard_size="100KB", seed=4),
 }
-
-TEXT = ("Edge boards run language models on their CPUs with int8 kernels. "
-        "The quick brown fox jumps over the lazy dog. Hello world! " * 2)
 
 
 @pytest.fixture(scope="session")
@@ -67,37 +65,19 @@ def tiny_moe_dir(moe_factory) -> Path:
     return moe_factory("top2_norm", **SHAPES["top2_norm"])
 
 
-def assert_close_logits(got: np.ndarray, ref: np.ndarray, rtol: float) -> None:
-    assert got.shape == ref.shape
-    assert np.isfinite(got).all()
-    err = np.abs(got - ref) / np.abs(ref).max(axis=-1, keepdims=True)
-    position = np.unravel_index(err.argmax(), err.shape)[0]
-    assert err.max() < rtol, f"max relative error {err.max():.2e} at position {position}"
-
-
 @pytest.mark.parametrize("name", SHAPES)
 def test_f32_logits_match_transformers(moe_factory, name):
-    model_dir = moe_factory(name, **SHAPES[name])
-    engine = Engine.load(model_dir, weights="f32", kv="f32", progress=False)
-    ids = engine.tokenizer.encode(TEXT)
-    assert_close_logits(engine.logits(ids), reference_logits(model_dir, ids), F32_RTOL)
+    check_f32_logits(moe_factory(name, **SHAPES[name]), TEXT * 2)
 
 
 def test_f32_logits_across_prefill_chunks(tiny_moe_dir):
     """Chunks of 5 rows route and group their own tokens; same logits as one pass."""
-    engine = Engine.load(tiny_moe_dir, weights="f32", kv="f32", progress=False, prefill_chunk=5)
-    ids = engine.tokenizer.encode(TEXT)
-    assert_close_logits(engine.logits(ids), reference_logits(tiny_moe_dir, ids), F32_RTOL)
+    check_f32_logits(tiny_moe_dir, TEXT * 2, prefill_chunk=5)
 
 
 def test_decode_steps_match_full_pass(tiny_moe_dir):
     """Greedy decode (one row, top-k experts as GEMVs) equals the argmax of transformers' full pass."""
-    engine = Engine.load(tiny_moe_dir, weights="f32", kv="f32", progress=False)
-    prompt = engine.tokenizer.encode("Hello world! How are")
-    out = engine.generate(prompt, stream=False, max_tokens=12, temperature=0.0, ignore_eos=True)
-    ids = prompt + out["token_ids"]
-    expected = reference_logits(tiny_moe_dir, ids)[len(prompt) - 1:-1].argmax(-1)
-    assert out["token_ids"] == expected.tolist()
+    engine = check_decode_matches_full_pass(tiny_moe_dir)
     use = engine.model.expert_use
     assert use.last_rows == 1
     assert use.experts_per_token == 2 * 1      # top-2 in the one MoE layer (layer 1 is dense)
@@ -107,19 +87,7 @@ def test_batched_decode_equals_single(tiny_moe_dir):
     """Default weights are Q4_0; sequences decoded together (rows sharing experts) get their tokens alone."""
     engine = Engine.load(tiny_moe_dir, progress=False)
     assert engine.weights == "q4"
-    prompts = [engine.tokenizer.encode(t) for t in ("Hello world", "The quick brown fox jumps", "Python")]
-    alone = [engine.generate(p, stream=False, max_tokens=8, temperature=0.0, ignore_eos=True)["token_ids"]
-             for p in prompts]
-    params = engine.sampling_params(max_tokens=8, temperature=0.0, ignore_eos=True)
-    seqs = [engine.start(p, params) for p in prompts]
-    for s in seqs:
-        engine.prefill(s)
-    while not all(s.done for s in seqs):
-        engine.decode(seqs)
-    assert [s.output_ids for s in seqs] == alone
-    for s in seqs:
-        engine.release(s)
-    assert engine.kv_blocks_used == 0
+    check_batched_decode_equals_single(engine)
     use = engine.model.expert_use
     assert use.last_rows == 3 and 2 <= use.experts_per_token * 3 <= 6
 
