@@ -52,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("selftest", help="check the compiled kernels against the portable reference")
+    s = sub.add_parser("selftest", help="check the compiled kernels against the portable reference, "
+                                         "and the weight cache of the model served")
+    s.add_argument("--model", default=None, help="also verify this model's quantized weight cache")
+    s.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
+                   help="the cache format to verify (default: the model family's)")
+    s.add_argument("--config", metavar="FILE", default=None,
+                   help="take --model and --weights from this settings file (the server's)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_selftest)
 
@@ -130,7 +136,29 @@ def cmd_bench(args) -> int:
 
 def cmd_selftest(args) -> int:
     from appliance.kernels.selftest import run_selftest
-    return run_selftest(as_json=args.json)
+    model, weights = args.model, args.weights
+    if args.config:
+        from appliance.config import load_settings
+        settings = load_settings(args.config, environ={})
+        model, weights = model or settings.model, weights or settings.weights
+    extra = {"weight_cache": weight_cache_verdict(model, weights)} if model or args.config else None
+    return run_selftest(as_json=args.json, extra=extra)
+
+
+def weight_cache_verdict(model, weights) -> dict:
+    """The quantized cache a load of this model would map: intact, absent, or refused (and why)."""
+    from appliance.engine.engine import DEMO_MODEL_DIR
+    from appliance.models import read_family
+    from appliance.weights.loader import verify_cache
+    model_dir = Path(model).expanduser() if model else DEMO_MODEL_DIR
+    try:
+        family, cfg, _ = read_family(model_dir)
+        fmt = weights or getattr(family, "DEFAULT_WEIGHTS", "q8")
+        if fmt == "f32":
+            return {"ok": True, "path": None, "detail": "f32 weights are read from the checkpoint, no cache"}
+        return verify_cache(model_dir, fmt, family.tensor_plan(cfg))
+    except ApplianceError as e:
+        return {"ok": False, "path": None, "problem": str(e)}
 
 
 def cmd_quantize(args) -> int:

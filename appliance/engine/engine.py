@@ -24,7 +24,7 @@ from appliance.engine import stats as profiler
 from appliance.models import images as image_io
 from appliance.errors import ContextLengthError, KVCacheFullError, ModelLoadError
 from appliance.engine.kv_cache import PagedKVCache, PromptImportance, SequenceBlocks
-from appliance.models import family_for
+from appliance.models import read_family
 from appliance.engine.batch import Batch, Segment
 from appliance.kernels.dispatch import kernels
 from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_softmax
@@ -32,6 +32,7 @@ from appliance.options import DEFAULT_MAX_CONTEXT, KV_BLOCK, KV_FORMATS, WEIGHT_
 from appliance.engine.sparse import make_attention
 from appliance.engine.tokenizer import Tokenizer
 from appliance.weights.loader import load_tensors
+from appliance.weights.report import CacheReport
 
 __all__ = ["Engine", "Sequence", "TokenEvent", "ContextLengthError", "KVCacheFullError"]
 
@@ -105,6 +106,7 @@ class Engine:
     weight_bytes: int = 0
     sparse: SparseConfig | None = None
     attention: object = None                   # ExactAttention or SparseAttention over `cache`
+    weight_cache: CacheReport | None = None    # what the quantized weight cache did at load
     # Callables that receive every stats object the engine emits (engine/stats.py).
     listeners: list = field(default_factory=list, repr=False)
 
@@ -126,17 +128,7 @@ class Engine:
         if kv not in KV_FORMATS:
             raise ValueError(f"kv must be one of {', '.join(KV_FORMATS)}, not {kv!r}")
         model_dir = Path(path).expanduser() if path is not None else DEMO_MODEL_DIR
-        if not model_dir.is_dir():
-            raise ModelLoadError(model_dir, "not a directory")
-        config_path = model_dir / "config.json"
-        try:
-            raw = json.loads(config_path.read_text())
-        except FileNotFoundError:
-            raise ModelLoadError(config_path, "missing config.json") from None
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(config_path, f"unreadable ({e})") from None
-        family = family_for(raw.get("model_type"), config_path)
-        cfg = family.Config.from_dict(raw, config_path)
+        family, cfg, raw = read_family(model_dir)
         weights = weights or getattr(family, "DEFAULT_WEIGHTS", "q8")
         gen = _read_generation_config(model_dir)
         eos = gen.get("eos_token_id", raw.get("eos_token_id"))
@@ -144,7 +136,8 @@ class Engine:
         tokenizer = Tokenizer(model_dir, eos_ids)
 
         threads = _setup_threads(threads)
-        tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress)
+        cache_report = CacheReport()
+        tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress, report=cache_report)
         model = family.Model(cfg, weights, tensors)
         if hasattr(model, "prepare_vision"):
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
@@ -157,7 +150,8 @@ class Engine:
                      generation_defaults=_sampling_defaults(gen),
                      prefill_chunk=prefill_chunk, sparse=sparse,
                      weight_bytes=sum(t.nbytes for t in tensors.values()),
-                     attention=make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse))
+                     attention=make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse),
+                     weight_cache=cache_report)
         return engine
 
     @property

@@ -138,17 +138,23 @@ def selftest_report() -> dict:
     return report
 
 
-def run_selftest(as_json: bool = False) -> int:
+def run_selftest(as_json: bool = False, extra: dict | None = None) -> int:
+    """extra: more verdicts to report beside the kernels' ({name: {"ok", "problem"?, ...}}), such as
+    the weight cache of the model a board serves; the exit code is 0 only if all of them pass."""
     try:
         report = selftest_report()
     except ImportError as e:
         print(f"selftest: FAIL: the compiled kernels are not built ({e})", file=sys.stderr)
         return 2
-    _print(report, as_json, report.get("problem"))
+    kernels_ok = report["ok"]
+    for name, verdict in (extra or {}).items():
+        report[name] = verdict
+        report["ok"] = report["ok"] and verdict["ok"]
+    _print(report, as_json, report.get("problem"), kernels_ok, extra or {})
     return 0 if report["ok"] else 1
 
 
-def _print(report: dict, as_json: bool, problem: str | None = None) -> None:
+def _print(report: dict, as_json: bool, problem: str | None, kernels_ok: bool, extra: dict) -> None:
     if as_json:
         print(json.dumps(report))
         return
@@ -157,7 +163,12 @@ def _print(report: dict, as_json: bool, problem: str | None = None) -> None:
     print(f"big cores   : {','.join(map(str, report['big_cores']))}  threads: {report['threads']}")
     for c in report["checks"]:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['name']:<20} {c['detail']}")
+    for name, verdict in extra.items():
+        print(f"  {'ok  ' if verdict['ok'] else 'FAIL'} {name:<20} {verdict.get('problem') or verdict.get('detail', '')}")
     if problem:
         print(f"selftest: FAIL: {problem}")
+    elif not kernels_ok:
+        print("selftest: FAIL: SIMD path disagrees with the portable reference")
     else:
-        print("selftest: " + ("ok" if report["ok"] else "FAIL: SIMD path disagrees with the portable reference"))
+        failed = [name for name, verdict in extra.items() if not verdict["ok"]]
+        print("selftest: " + (f"FAIL: {', '.join(failed)}" if failed else "ok"))

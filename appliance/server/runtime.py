@@ -101,6 +101,8 @@ class Runtime:
         self.info = dict(engine.info())
         self.info.setdefault("sparse", s.sparse_config())
         self.metrics.set_model(engine.model_name, self.info)
+        if engine.weight_cache is not None:
+            self.metrics.observe(engine.weight_cache)
         self.metrics.bind(queue=lambda: scheduler.state)
         self.engine = engine
         self.scheduler = scheduler.start()

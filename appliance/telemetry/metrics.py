@@ -16,6 +16,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
+from appliance.weights.report import CacheReport
 from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
 
 DECODE_TOKEN_BUCKETS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
@@ -178,6 +179,15 @@ class Metrics:
                                _version("gunicorn"), platform.machine()).set(1)
         self.loaded = Gauge("appliance_model_loaded", "1 once the model is loaded and serving.",
                             registry=r)
+        self.weight_cache_rejected = Counter(
+            "appliance_weight_cache_rejected", "Quantized weight cache files refused at load and rebuilt, "
+            "by kind (unreadable, foreign: another model/format/build, corrupt: a checksum).",
+            labelnames=["kind"], registry=r)
+        for kind in ("unreadable", "foreign", "corrupt"):
+            self.weight_cache_rejected.labels(kind)
+        self.weight_cache_verify = Gauge(
+            "appliance_weight_cache_verify_seconds", "Time the last load spent checking the weight cache's "
+            "checksums.", registry=r)
         # NaN until the start-up selftest has run: no verdict yet is neither a pass nor a fail.
         self.selftest_ok = Gauge("appliance_selftest_ok",
                                  "1 if the compiled kernels agreed with the portable reference at start.",
@@ -230,6 +240,10 @@ class Metrics:
                 self.prompt_tokens.inc(stats.prompt_tokens)
             if stats.generated_tokens:
                 self.generated_tokens.inc(stats.generated_tokens)
+        elif isinstance(stats, CacheReport):
+            for _, kind, _ in stats.rejected:
+                self.weight_cache_rejected.labels(kind).inc()
+            self.weight_cache_verify.set(stats.verify_s)
         elif isinstance(stats, RequestStats):
             self.requests.labels(stats.outcome).inc()
             self.queue_time.observe(stats.queue_s)

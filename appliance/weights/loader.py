@@ -12,11 +12,17 @@ $APPLIANCE_CACHE_DIR (default ~/.cache/appliance) when the model dir is read-onl
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +30,15 @@ import numpy as np
 from appliance.kernels import quant
 from appliance.options import WEIGHT_FORMATS
 from appliance.errors import ModelLoadError
+from appliance.weights.report import CacheReport
 from appliance.weights.spec import TensorSpec
 from appliance.weights.safetensors_io import SafetensorsFile, to_float32, write_safetensors_stream
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"          # 2: per-tensor CRC-32 and the quantizer's fingerprint in the metadata
+PROGRESS_LOG_S = 5.0
+LOCK_TIMEOUT_S = 3600.0      # a writer quantizing a 30B model on a board takes minutes, not hours
+log = logging.getLogger("appliance.weights")
+_INDEXED = re.compile(r"^(.*\b(?:layers|blocks)\.)(\d+)\.")     # "model.layers.12.mlp..." -> prefix, 12
 
 
 class Checkpoint:
@@ -90,6 +101,23 @@ class Checkpoint:
             raise ModelLoadError(f.path, f"tensor {spec.sources[0]!r}{' (+ fused)' if len(spec.sources) > 1 else ''} "
                                          f"has shape {list(f.shape(spec.sources[0]))}, expected {expected}")
 
+    def check_unused_layers(self, plan: list[TensorSpec]) -> None:
+        """A config.json that declares fewer layers (or vision blocks) than the checkpoint holds is
+        refused: the model would run on part of its weights without a word."""
+        highest: dict[str, int] = {}
+        for spec in plan:
+            for src in spec.sources:
+                m = _INDEXED.match(src)
+                if m:
+                    highest[m.group(1)] = max(highest.get(m.group(1), -1), int(m.group(2)))
+        for name in self.location:
+            m = _INDEXED.match(name)
+            if m and m.group(1) in highest and int(m.group(2)) > highest[m.group(1)]:
+                count = highest[m.group(1)] + 1
+                raise ModelLoadError(self.dir / "config.json",
+                                     f"declares {count} {m.group(1).rstrip('.').rsplit('.', 1)[-1]} but the "
+                                     f"checkpoint also holds {name!r}")
+
     def float32(self, spec: TensorSpec) -> np.ndarray:
         """The spec's tensor as float32, sources stacked along the first axis."""
         parts = []
@@ -99,15 +127,30 @@ class Checkpoint:
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
-def _progress(done: int, total: int, label: str, start: float) -> None:
-    if not sys.stderr.isatty() and done not in (0, total):
-        return
-    width = 30
-    filled = int(width * done / max(total, 1))
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tensors "
-                     f"{time.perf_counter() - start:5.1f}s{end}")
-    sys.stderr.flush()
+class Progress:
+    """Quantization progress: a bar on a terminal, a log line every PROGRESS_LOG_S otherwise
+    (a service has no terminal, and its log should still say the load is alive)."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.start = self.last_log = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.done = 0
+
+    def advance(self, done: int) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        if self.tty:
+            filled = int(30 * done / max(self.total, 1))
+            end = "\n" if done >= self.total else ""
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} "
+                             f"tensors {elapsed:5.1f}s{end}")
+            sys.stderr.flush()
+        elif done >= self.total or done == 0 or time.perf_counter() - self.last_log >= PROGRESS_LOG_S:
+            self.last_log = time.perf_counter()
+            log.info("%s: %d/%d tensors, %.1f s", self.label, done, self.total, elapsed)
 
 
 def _packed_format(spec: TensorSpec, fmt: str) -> str:
@@ -130,77 +173,195 @@ def _pack(spec: TensorSpec, w: np.ndarray, fmt: str) -> list[np.ndarray]:
     return list(packer(w))
 
 
-def _cache_candidates(model_dir: Path, key: str, fmt: str) -> list[Path]:
-    name = f"{fmt}-{key}.safetensors"
-    home_cache = Path(os.environ.get("APPLIANCE_CACHE_DIR") or Path.home() / ".cache" / "appliance")
-    return [model_dir / ".appliance-cache" / name, home_cache / model_dir.name / name]
+def quantizer_fingerprint() -> str:
+    """Changes whenever the code that packs tensors does (quant.py; the layout itself is
+    CACHE_VERSION): a cache written by another build is not used."""
+    return hashlib.sha256(Path(quant.__file__).read_bytes()).hexdigest()[:16]
 
 
-def _open_cache(path: Path, key: str, fmt: str, plan: list[TensorSpec]) -> dict | None:
+def cache_dir(model_dir: Path) -> Path:
+    """Where this model's cache lives: <model>/.appliance-cache if it can be written, else
+    $APPLIANCE_CACHE_DIR (default ~/.cache/appliance)/<model name>. One place per model, decided
+    by permissions, never by a failed write: a full disk is an error, not a second copy."""
+    local = Path(model_dir) / ".appliance-cache"
+    if local.is_dir() and os.access(local, os.W_OK | os.X_OK):
+        return local
+    if not local.exists() and os.access(model_dir, os.W_OK | os.X_OK):
+        return local
+    home = Path(os.environ.get("APPLIANCE_CACHE_DIR") or Path.home() / ".cache" / "appliance")
+    return home.expanduser() / Path(model_dir).name
+
+
+def _expected_meta(key: str, fmt: str) -> dict[str, str]:
+    return {"appliance_cache": CACHE_VERSION, "identity": key, "format": fmt,
+            "quantizer": quantizer_fingerprint()}
+
+
+def _open_cache(path: Path, key: str, fmt: str, plan: list[TensorSpec], report: CacheReport) -> dict | None:
+    """The cache's tensors if it is this model's, this build's and intact; else None (and why)."""
     try:
         f = SafetensorsFile(path)
-    except (ModelLoadError, OSError):
+    except ModelLoadError as e:
+        report.rejected.append((str(path), "unreadable", e.problem))
         return None
     meta = f.metadata
-    if meta.get("appliance_cache") != CACHE_VERSION or meta.get("identity") != key or meta.get("format") != fmt:
-        return None
+    for k, v in _expected_meta(key, fmt).items():
+        if meta.get(k) != v:
+            report.rejected.append((str(path), "foreign", f"{k} {meta.get(k)!r} is not {v!r}"))
+            return None
     tensors = {name: f.tensor(name) for name in f.keys()}
-    needed = {s.name for s in plan if s.kind == "vector"} | {s.name + ".qs" for s in plan if s.kind != "vector"}
-    return tensors if needed <= tensors.keys() else None
+    needed = {n for spec in plan for n, _, _ in _layout(spec, fmt)}
+    if not needed <= tensors.keys():
+        report.rejected.append((str(path), "corrupt", f"missing tensor {sorted(needed - tensors.keys())[0]!r}"))
+        return None
+    t0 = time.perf_counter()
+    bad = f.corrupt_tensors()
+    report.verify_s += time.perf_counter() - t0
+    if bad:
+        report.rejected.append((str(path), "corrupt", f"checksum mismatch in {len(bad)} tensor(s), first {bad[0]!r}"))
+        return None
+    return tensors
 
 
-def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bool = True) -> dict[str, np.ndarray]:
+@contextmanager
+def _writer_lock(path: Path):
+    """One writer per cache file across processes; the others wait here, then map its result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+") as lock:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        waited = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    log.info("waiting for another process writing %s", path)
+                    waited = True
+                if time.monotonic() > deadline:
+                    raise ModelLoadError(path, f"another process has held the cache lock for "
+                                               f"{LOCK_TIMEOUT_S:.0f} s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bool = True,
+                 report: CacheReport | None = None) -> dict[str, np.ndarray]:
     """Our tensors for `plan` in weights format `fmt` ("q8", "q4", "f32")."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weights format {fmt!r} (choose from {', '.join(WEIGHT_FORMATS)})")
+    report = report if report is not None else CacheReport()
     ckpt = Checkpoint(model_dir)
     for spec in plan:
         ckpt.check(spec)
+    ckpt.check_unused_layers(plan)
     if fmt == "f32":
         return {spec.name: ckpt.float32(spec) for spec in plan}
 
     key = ckpt.identity()
-    candidates = _cache_candidates(Path(model_dir), key, fmt)
-    for path in candidates:
-        if path.exists():
-            cached = _open_cache(path, key, fmt, plan)
-            if cached is not None:
-                return cached
-
-    meta = {"appliance_cache": CACHE_VERSION, "identity": key, "format": fmt}
-    layout = [entry for spec in plan for entry in _layout(spec, fmt)]
-    for path in candidates:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress), meta)
-        except OSError:
-            continue
-        cached = _open_cache(path, key, fmt, plan)
+    path = cache_dir(Path(model_dir)) / f"{fmt}-{key}.safetensors"
+    refused = None                   # (inode, mtime) of a cache file found unusable
+    if path.exists():
+        cached = _open_cache(path, key, fmt, plan, report)
         if cached is not None:
-            _remove_stale(path, key)
+            report.path = str(path)
             return cached
-    # No writable cache location: quantize into memory (next load quantizes again).
-    arrays = _quantized(ckpt, plan, fmt, progress)
-    return {name: array for (name, _, _), array in zip(layout, arrays)}
+        _log_rejected(report)
+        refused = _file_id(path)
+    layout = [entry for spec in plan for entry in _layout(spec, fmt)]
+    try:
+        with _writer_lock(path):
+            # Another process may have written it while this one waited for the lock.
+            if path.exists() and _file_id(path) != refused:
+                cached = _open_cache(path, key, fmt, plan, report)
+                if cached is not None:
+                    report.path = str(path)
+                    return cached
+            _remove_leftovers(path, key)
+            _check_space(path, layout)
+            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress), _expected_meta(key, fmt))
+            report.built = True
+            cached = _open_cache(path, key, fmt, plan, report)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT):
+            raise ModelLoadError(path, f"cannot write the weight cache ({e.strerror or e})") from None
+        # The server still starts: quantized into memory, the next load quantizes again.
+        log.error("%s", e.strerror if isinstance(e, _NoSpace) else f"cannot write the weight cache {path}: "
+                  f"{e.strerror or e}; quantizing into memory instead")
+        arrays = _quantized(ckpt, plan, fmt, progress)
+        return {name: array for (name, _, _), array in zip(layout, arrays)}
+    if cached is None:
+        _log_rejected(report)
+        raise ModelLoadError(path, "the weight cache just written does not read back intact (failing disk?)")
+    report.path = str(path)
+    return cached
 
 
-def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool):
-    """The packed arrays of every spec, in layout order, one tensor in memory at a time."""
-    start = time.perf_counter()
-    label = f"quantizing {ckpt.dir.name} to {fmt}"
-    for i, spec in enumerate(plan):
-        if progress:
-            _progress(i, len(plan), label, start)
-        yield from _pack(spec, ckpt.float32(spec), fmt)
-    if progress:
-        _progress(len(plan), len(plan), label, start)
+class _NoSpace(OSError):
+    pass
 
 
-def _remove_stale(fresh: Path, key: str) -> None:
-    """Older cache files of this model (other source identities) only waste disk."""
-    for old in fresh.parent.glob("*.safetensors"):
-        if key not in old.name:
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _check_space(path: Path, layout) -> None:
+    """Refuse before writing when the cache cannot fit: one line naming the directory and the bytes."""
+    need = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize + 64 for _, dtype, shape in layout)
+    free = shutil.disk_usage(path.parent).free
+    if free < need:
+        raise _NoSpace(errno.ENOSPC, f"no room for the weight cache in {path.parent}: {need} bytes needed, "
+                                     f"{free} free; quantizing into memory instead")
+
+
+def _log_rejected(report: CacheReport) -> None:
+    for file, kind, why in report.rejected:
+        log.warning("weight cache %s not used (%s: %s): rebuilding it", file, kind, why)
+
+
+def _remove_leftovers(path: Path, key: str) -> None:
+    """Under the writer lock: partial files of killed writers, and caches of this model's older
+    sources (another identity) that only waste disk. Never a file another process maps for this key."""
+    for old in path.parent.glob("*.safetensors*"):
+        stale = key not in old.name or ".partial." in old.name or old == path
+        if stale and not old.name.endswith(".lock"):
             try:
                 old.unlink()
             except OSError:
                 pass
+
+
+def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool):
+    """The packed arrays of every spec, in layout order, one tensor in memory at a time."""
+    bar = Progress(len(plan), f"quantizing {ckpt.dir.name} to {fmt}", progress)
+    bar.advance(0)
+    for i, spec in enumerate(plan):
+        packed = _pack(spec, ckpt.float32(spec), fmt)
+        bar.advance(i + 1)          # before the last yield: a consumer stops at the last array
+        yield from packed
+
+
+def verify_cache(model_dir, fmt: str, plan: list[TensorSpec]) -> dict:
+    """{"ok", "path", "problem" or "detail"}: is the cache a load of (model_dir, fmt) would map intact?
+    No cache yet is fine (the first load writes one); a refused one is not."""
+    ckpt = Checkpoint(Path(model_dir))
+    key = ckpt.identity()
+    path = cache_dir(Path(model_dir)) / f"{fmt}-{key}.safetensors"
+    if not path.exists():
+        return {"ok": True, "path": None, "detail": f"no {fmt} cache yet: the first load writes {path}"}
+    report = CacheReport()
+    t0 = time.perf_counter()
+    if _open_cache(path, key, fmt, plan, report) is None:
+        _, kind, why = report.rejected[0]
+        if kind == "foreign":        # another build's or sources': not damage, the next load rebuilds it
+            return {"ok": True, "path": str(path), "detail": f"stale ({why}): the next load rebuilds it"}
+        return {"ok": False, "path": str(path), "problem": f"{kind}: {why}"}
+    return {"ok": True, "path": str(path), "detail": f"{path.stat().st_size} bytes verified in "
+                                                     f"{time.perf_counter() - t0:.2f} s"}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,8 @@ NUMPY_TO_SAFETENSORS = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"
                         np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8",
                         np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
 MAX_HEADER = 100 * 1024 * 1024
+CHECKSUMS_KEY = "crc32"     # metadata: JSON {tensor name: 8 hex digits}, written by write_safetensors_stream
+VERIFY_CHUNK = 16 << 20     # bytes read at a time when verifying
 
 
 class SafetensorsFile:
@@ -83,6 +87,38 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name]["shape"])
 
+    def checksums(self) -> dict[str, str] | None:
+        """The CRC-32 of every tensor as written (None: a file without them)."""
+        raw = self.metadata.get(CHECKSUMS_KEY)
+        try:
+            sums = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            return None
+        return sums if isinstance(sums, dict) else None
+
+    def corrupt_tensors(self) -> list[str]:
+        """Names of tensors whose bytes no longer match their recorded CRC-32 (all of them if the
+        file records none). Reads with pread, not through the map: checking a model does not make
+        its pages resident in this process."""
+        sums = self.checksums()
+        if sums is None or set(sums) != set(self._entries):
+            return sorted(self._entries)
+        bad, buf = [], bytearray(VERIFY_CHUNK)
+        view = memoryview(buf)
+        with open(self.path, "rb", buffering=0) as f:
+            for name, entry in self._entries.items():
+                begin, end = entry["data_offsets"]
+                crc, pos, stop = 0, self._data_start + begin, self._data_start + end
+                while pos < stop:
+                    n = os.preadv(f.fileno(), [view[:min(VERIFY_CHUNK, stop - pos)]], pos)
+                    if n <= 0:
+                        break
+                    crc = zlib.crc32(view[:n], crc)
+                    pos += n
+                if pos < stop or f"{crc & 0xFFFFFFFF:08x}" != sums[name]:
+                    bad.append(name)
+        return bad
+
     def tensor(self, name: str) -> np.ndarray:
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
@@ -98,13 +134,16 @@ def to_float32(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return np.asarray(array, dtype=np.float32).copy() if array.dtype == np.float32 else array.astype(np.float32)
 
 
-def write_safetensors_stream(path: Path, layout, arrays, metadata: dict[str, str]) -> None:
+def write_safetensors_stream(path: Path, layout, arrays, metadata: dict[str, str]) -> dict[str, str]:
     """Write tensors whose (name, dtype, shape) are known up front, produced one at a time.
 
     The header is written first, then each array as `arrays` yields it, so a model
     larger than memory (a 30B MoE at 4 bits) is quantized with one tensor in RAM.
-    Atomic: a temp file renamed at the end. Each tensor starts 64-byte aligned (our
-    reader allows the gaps) so SIMD kernels get aligned rows straight from the mmap.
+    Each tensor starts 64-byte aligned (our reader allows the gaps) so SIMD kernels get
+    aligned rows straight from the mmap. The metadata gets CHECKSUMS_KEY: every tensor's
+    CRC-32, patched into a header slot reserved at the start (same length, so no byte moves).
+    Atomic: a temporary file of this process, flushed to disk, then renamed over `path`;
+    a writer killed at any point leaves `path` as it was. Returns the checksums.
     """
     header, offset = {}, 0
     for name, dtype, shape in layout:
@@ -112,17 +151,49 @@ def write_safetensors_stream(path: Path, layout, arrays, metadata: dict[str, str
         header[name] = {"dtype": NUMPY_TO_SAFETENSORS[np.dtype(dtype)], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         offset += nbytes + (-nbytes) % 64
-    header["__metadata__"] = metadata
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * ((-(8 + len(blob))) % 64)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for (name, dtype, shape), array in zip(layout, arrays):
-            array = np.ascontiguousarray(array)
-            if array.dtype != np.dtype(dtype) or array.shape != tuple(shape):
-                raise ValueError(f"{name}: produced {array.dtype}{array.shape}, declared {dtype}{tuple(shape)}")
-            f.write(array.data)
-            f.write(b"\0" * ((-array.nbytes) % 64))
-    tmp.replace(path)
+    checksums = {name: "0" * 8 for name, _, _ in layout}
+
+    def header_blob() -> bytes:
+        header["__metadata__"] = {**metadata, CHECKSUMS_KEY: json.dumps(checksums, separators=(",", ":"))}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        return blob + b" " * ((-(8 + len(blob))) % 64)
+
+    blob = header_blob()
+    tmp = path.with_name(f"{path.name}.partial.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for (name, dtype, shape), array in zip(layout, arrays):
+                array = np.ascontiguousarray(array)
+                if array.dtype != np.dtype(dtype) or array.shape != tuple(shape):
+                    raise ValueError(f"{name}: produced {array.dtype}{array.shape}, declared {dtype}{tuple(shape)}")
+                checksums[name] = f"{zlib.crc32(array.data) & 0xFFFFFFFF:08x}"
+                f.write(array.data)
+                f.write(b"\0" * ((-array.nbytes) % 64))
+            final = header_blob()
+            assert len(final) == len(blob), "checksum slots keep the header's length"
+            f.seek(8)
+            f.write(final)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return checksums
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: without it a power cut can lose the new directory entry."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
