@@ -1,51 +1,74 @@
 # The two commands a newcomer needs:  make run   and   make test
 # Everything is set up inside .venv from PyPI (torch comes from the machine's local wheel),
 # Debian packages by the scripts in scripts/ci/ (idempotent; root, as on these machines).
+#   make run    the runtime only (pyproject.toml's dependencies), the kernels built once and
+#               rebuilt only when their sources change, then the server with the demo model
+#   make test   adds the test stack (requirements-test.txt) and the Debian packages tests drive
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# pip's notes about this machine's unreachable find-links are not the project's business.
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-STAMP  := $(VENV)/.deps-stamp
+QUIET  := 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
+RUN_STAMP      := $(VENV)/.run-stamp        # build tools
+EDITABLE_STAMP := $(VENV)/.editable-stamp   # the package, editable, with its runtime dependencies
+BUILD_STAMP    := $(VENV)/.build-stamp      # the compiled kernels, up to date with their sources
+STAMP          := $(VENV)/.deps-stamp       # the test stack (mk/*.mk depend on it)
+KERNEL_SOURCES := setup.py $(wildcard kernels/*.c kernels/*.h kernels/*.pyx kernels/*.pxd \
+                                      kernels/*/*.c kernels/*/*.h)
+
 .PHONY: run test test-python test-fast build setup system-deps clean bench
 
-$(STAMP): pyproject.toml requirements-test.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip setuptools wheel "cython>=3.0" numpy
-	$(PIP) install -r requirements-test.txt
-	touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): | $(PY)
+	$(PIP) install --upgrade pip setuptools wheel "cython>=3.0" numpy $(QUIET)
+	touch $@
+
+$(EDITABLE_STAMP): pyproject.toml $(RUN_STAMP)
+	$(PIP) install --no-build-isolation -e . $(QUIET)
+	touch $@
+
+# Incremental: after the first build only changed sources recompile, and nothing when none did.
+$(BUILD_STAMP): $(KERNEL_SOURCES) $(EDITABLE_STAMP)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+build: $(BUILD_STAMP)
+
+$(STAMP): requirements-test.txt $(EDITABLE_STAMP)
+	$(PIP) install -r requirements-test.txt $(QUIET)
+	touch $@
 
 setup: $(STAMP)
-
-# Compiles the kernels for this machine (in place, editable install: the repo is the package).
-build: $(STAMP)
-	$(PIP) install --no-build-isolation --no-deps -e .
 
 system-deps:
 	bash scripts/ci/install_server_deps.sh
 
 run: build
-	@echo "dashboard: http://$(HOST):$(PORT)/"
-	$(VENV)/bin/appliance serve --host $(HOST) --port $(PORT)
+	@$(VENV)/bin/appliance serve --host $(HOST) --port $(PORT)
 
 # Every test: the Python suites (kernels, models, engine, server with browser and Prometheus),
 # then the aarch64 suite under qemu (mk/arm.mk) and the fleet: static checks and the simulated
 # boards (mk/fleet.mk). Each part stops the run on failure.
-test: build system-deps
+test: build $(STAMP) system-deps
 	$(PY) -m pytest -q tests --ignore=tests/fleet
 	$(MAKE) test-arm
 	$(MAKE) test-fleet
 
-test-fast: build
+test-fast: build $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/fleet
 
-bench: build
+bench: build $(STAMP)
 	$(PY) bench/compare_llamacpp.py
 
 clean:
-	rm -rf build appliance/kernels/_*.so kernels/kernels.c kernels/kvops.c *.egg-info
+	rm -rf build appliance/kernels/_*.so kernels/kernels.c kernels/kvops.c *.egg-info $(VENV)/.*-stamp
 
 include mk/arm.mk
 include mk/fleet.mk
