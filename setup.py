@@ -1,4 +1,4 @@
-"""Builds appliance.kernels._kernels (and _kvops) from kernels/ (C + Cython) with OpenMP.
+"""Builds appliance.kernels._kernels, every compiled kernel, from kernels/ (C + Cython) with OpenMP.
 
 Flags follow the *target* platform (sysconfig.get_platform() honours
 _PYTHON_HOST_PLATFORM, so cross builds for aarch64 work):
@@ -55,6 +55,8 @@ sources = [
     "kernels/x86/avx2_attention.c",
     "kernels/arm/neon.c",
     "kernels/arm/neon_attention.c",
+    "kernels/kv_store.c",
+    "kernels/sparse_select.c",
     "kernels/dispatch.c",
 ]
 
@@ -67,23 +69,12 @@ extension = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
-# KV cache writes and block-sparse attention helpers: plain C with the same flags
-# (kernels/kv_store.h, kernels/sparse_attention.h).
-kvops_extension = Extension(
-    "appliance.kernels._kvops",
-    ["kernels/kvops.pyx", "kernels/kv_store.c", "kernels/sparse_attention.c"],
-    include_dirs=["kernels", numpy_include],
-    extra_compile_args=extension.extra_compile_args,
-    extra_link_args=["-fopenmp"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-)
-
 # web/ (dashboard templates and static files) sits beside the package in the source tree and
 # ships inside it as appliance/web, where appliance.server looks for it once installed.
 setup(
     packages=find_packages(include=["appliance", "appliance.*"]) + ["appliance.web"],
     package_dir={"appliance.web": "web"},
     package_data={"appliance": ["demo_model/*"], "appliance.web": ["templates/*", "static/*"]},
-    ext_modules=cythonize([extension, kvops_extension], include_path=cython_include, language_level=3,
+    ext_modules=cythonize([extension], include_path=cython_include, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
 )

@@ -106,6 +106,15 @@ void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_k
 
 #endif /* !KERNELS_HAVE_SIMD */
 
+int kernels_threads_ran[KERNEL_FAMILIES];
+
+int kernel_last_threads(int family)
+{
+    if (family < 0 || family >= KERNEL_FAMILIES)
+        return -1;
+    return __atomic_load_n(&kernels_threads_ran[family], __ATOMIC_RELAXED);
+}
+
 const char *kernel_path(void)
 {
 #if defined(KERNELS_AVX2)

@@ -1,6 +1,7 @@
 /* Helpers shared by the path files; not part of the contract (kernels.h is). */
 #ifndef APPLIANCE_KERNELS_INTERNAL_H
 #define APPLIANCE_KERNELS_INTERNAL_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
@@ -14,6 +15,34 @@
 static inline int kernels_threads(int nthreads)
 {
     return nthreads > 0 ? nthreads : omp_get_max_threads();
+}
+
+/* Where each family's last team size is kept (dispatch.c; kernel_last_threads reads it). */
+extern int kernels_threads_ran[KERNEL_FAMILIES];
+
+/* Called by every thread at the start of a parallel region: thread 0 records the team size the
+ * region really got. One store per region, from one thread: no cache line is fought over. */
+static inline void kernels_note_threads(int family)
+{
+    if (omp_get_thread_num() == 0)
+        __atomic_store_n(&kernels_threads_ran[family], omp_get_num_threads(), __ATOMIC_RELAXED);
+}
+
+/* int8 max-abs quantization of one group of n floats; returns its scale d = amax/127, and
+ * q = rint(x * 127/amax). Both in float32 as numpy computes them (appliance.kernels.quant), so
+ * the results agree bit for bit. A group is a 32-block of an activation row (quantize_rows_q8)
+ * or a whole (token, kv head) row of the q8 cache (kv_store_q8). */
+static inline float quantize_group_q8(const float *x, int64_t n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        q[i] = (int8_t)lrintf(x[i] * inv);
+    return amax / 127.0f;
 }
 
 static inline uint32_t f32_bits(float f)

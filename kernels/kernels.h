@@ -1,9 +1,12 @@
 /*
- * The kernel contract: every function here exists twice,
+ * The kernel contract: every compute kernel here exists twice,
  *   <name>_portable  plain C, always built, the reference;
  *   <name>_simd      the build's best path (NEON+dotprod on aarch64, AVX2 on x86_64),
  *                    which is the portable one where no SIMD path exists.
- * Callers (kernels.pyx) pick one by name; tests compare the two.
+ * Callers (kernels.pyx, through kernels.pxd) pick one by name; tests compare the two, and
+ * appliance/kernels/reference.py holds the numpy twin of each. The KV cache writes and the
+ * block choice of sparse attention are plain C only (one version, no _simd): memory-bound or
+ * branchy work that SIMD would not speed up.
  *
  * Shapes use row-major C order. Names: N = output features (weight rows),
  * K = input features (multiple of QK = 32), M = activation rows (tokens).
@@ -19,6 +22,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The cache format, where one kernel takes any (`kind`); layouts under "attention" below. */
+enum kv_kind { KV_Q8 = 0, KV_Q4 = 1, KV_F32 = 2 };
 
 /* ---- fp16 helpers (weight scales are IEEE half, stored as uint16_t) ---- */
 float fp16_to_fp32(uint16_t h);
@@ -110,7 +116,7 @@ void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, 
                         const int32_t *count, int64_t nsel, int64_t table_stride,
                         const int32_t *qpos, float scale, float *out, int nthreads);
 
-/* attention_{q8,q4,f32} (kind 0 q8, 1 q4, 2 f32; ks/vs NULL for f32) that also adds, for
+/* attention_{q8,q4,f32} (kind: enum kv_kind; ks/vs NULL for f32) that also adds, for
  * block-sparse prefill, to importance[p] (p < n_positions; later positions are dropped) the
  * softmax weight each query head of each query gives the listed row at position p, summed over
  * queries and heads. The sums are added in a fixed order: the same on every run and thread
@@ -128,11 +134,20 @@ void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv
                                int64_t table_stride, const int32_t *qpos, float scale,
                                float *out, float *importance, int64_t n_positions, int nthreads);
 
-/* Block-sparse probe scores (ENGINE.md "Block-sparse attention"; the semantics and the compact
- * copy pk/pks of the sampled rows are documented at sparse_probe_compact in sparse_attention.h,
- * whose plain-C version is the reference of the tests). kind: 0 q8, 1 q4, 2 f32 cache.
- * q float[R, n_kv*group, hd]; scores float[n_kv, nblocks], already times `scale`. pk == NULL
- * reads every block's sampled rows from k. Parallel over kv heads.                       */
+/* Block-sparse probe scores (docs/engine.md, "Block-sparse attention"), the "strided" probe.
+ * kind: enum kv_kind; q float[R, n_kv*group, hd]; k, ks one cache layer as attention_*.
+ * scores float[n_kv, nblocks]: for kv head h and listed block i (table[i] physical, count[i]
+ * valid rows), the max over query rows r < R, over the group's query heads, and over the sampled
+ * rows j = 0, step, 2*step, ... < count[i] (step = max(1, count[i] / probe)) of
+ * scale * q[r, h*group + g] . K[row j]. For q8/q4 the query is first quantized to int8 per
+ * 32-block (as in attention) and K is used without dequantizing.
+ * pk/pks (or NULL): a compact copy of the sampled rows of full blocks (count == bs), laid out
+ * like a cache layer with pbs rows per (block, kv head) slab, row jj of a slab holding row
+ * jj * (bs / probe) of the cache's (PagedKVCache.enable_probe_rows writes it). A full block's
+ * sampled rows are then one contiguous run instead of every step-th row of a 4 KB slab, whose
+ * striding made the hardware fetch nearly all of K. Same values, so the same scores bit for bit.
+ * Needs bs / probe >= 1 and pbs = ceil(bs / (bs / probe)) when pk is given.
+ * Parallel over kv heads.                                                                      */
 void attention_probe_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                               int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                               const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
@@ -142,7 +157,7 @@ void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int
                           const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
                           int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads);
 
-/* The bound probe of block-sparse attention (the engine's default probe; see appliance/sparse.py).
+/* The bound probe of block-sparse attention (the engine's default; appliance/engine/sparse.py says why).
  * bk int8[nblk, n_kv, 2, hd], bks float[nblk, n_kv, 2]: per full block and kv head, the
  * channel-wise maximum (row 0, rounded up) and minimum (row 1, rounded down) of its K rows,
  * quantized as q8 rows. Per kv head h and listed block i: if count[i] == bs the bound
@@ -162,6 +177,36 @@ void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_k
                                    const int8_t *bk, const float *bks, const int32_t *table,
                                    const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
                                    float *scores, int nthreads);
+
+/* ---- KV cache writes (plain C only) ---------------------------------------
+ * x float[T, n_kv, hd]; slot[t] = physical_block * bs + offset of token t; cache layouts as above:
+ *   q8 : dst int8[nblk, n_kv, bs, hd],   scale float[nblk, n_kv, bs]
+ *        one max-abs scale per (token, kv head) row: d = amax/127, q = rint(x*127/amax)
+ *   q4 : dst uint8[nblk, n_kv, bs, hd/2], scale float[nblk, n_kv, bs, hd/QK]   Q4_0 (llama.cpp rule)
+ *   f32: dst float[nblk, n_kv, bs, hd]
+ * appliance.kernels.quant.quantize_kv_q8/_q4 define them; they agree bit for bit.            */
+void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                 int8_t *dst, float *scale);
+void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                 uint8_t *dst, float *scale);
+void kv_store_f32(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                  float *dst);
+
+/* ---- block choice of sparse attention (plain C only) ----------------------
+ * One decode step's choice (docs/engine.md): chosen uint8[n_kv, nb] from probe scores
+ * float[n_kv, nb] and block importance float[nb] (NULL: none). k >= nb: all. Otherwise the
+ * (k+1)/2 most important blocks (if any importance is > 0) are kept for every head, the rest of
+ * the budget goes to each head's best scores, ties to the lower index, and the last block is
+ * always in (replacing the lowest-scoring pick). k < 0 chooses as k = 0.                     */
+void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
+                   uint8_t *chosen);
+
+/* ---- how many threads the parallel kernels really ran with ------------------
+ * The OpenMP team size of the last parallel region of each family, after its rule for running
+ * small work on the calling thread (then 1); 0 before the family first ran. Both paths record it,
+ * so a test can see the thread setting reach every kernel.                                      */
+enum kernel_family { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_PROBE, KERNEL_PROBE_BOUND, KERNEL_FAMILIES };
+int kernel_last_threads(int family);
 
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */

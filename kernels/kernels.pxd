@@ -1,10 +1,16 @@
-# The kernel contract (kernels/kernels.h), declared once for Cython. Everything is nogil:
-# no kernel touches a Python object. Axis names follow the header: N out features,
+# The kernel contract (kernels/kernels.h), declared once for Cython: the only extern block of
+# the kernels' Cython (tests/kernels/test_kernel_contract.py holds it to the header). Everything
+# is nogil: no kernel touches a Python object. Axis names follow the header: N out features,
 # K in features, M rows, T queries, hd head_dim.
 from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t
 
 cdef extern from "kernels.h" nogil:
     enum: QK
+
+    enum kv_kind:
+        KV_Q8
+        KV_Q4
+        KV_F32
 
     # C names that the module's own Python functions reuse get a c_ prefix here.
     float c_fp16_to_fp32 "fp16_to_fp32"(uint16_t h)
@@ -92,6 +98,24 @@ cdef extern from "kernels.h" nogil:
                                    const int8_t *bk, const float *bks, const int32_t *table,
                                    const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
                                    float *scores, int nthreads)
+
+    void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                     int8_t *dst, float *scale)
+    void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                     uint8_t *dst, float *scale)
+    void kv_store_f32(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                      float *dst)
+
+    void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *importance, int64_t k,
+                       uint8_t *chosen)
+
+    enum kernel_family:
+        KERNEL_GEMM
+        KERNEL_ATTENTION
+        KERNEL_PROBE
+        KERNEL_PROBE_BOUND
+        KERNEL_FAMILIES
+    int kernel_last_threads(int family)
 
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()

@@ -1,9 +1,5 @@
-/* KV cache writes; see kv_store.h. */
-#include <math.h>
-#include <string.h>
-#include "kv_store.h"
-
-#define QK 32
+/* KV cache writes (kernels.h, "KV cache writes"): plain C, one token per layer in decode. */
+#include "internal.h"
 
 /* Row of token t, kv head h inside the cache: ((block * n_kv + h) * bs + offset). */
 static inline int64_t cache_row(int32_t slot, int64_t h, int64_t n_kv, int64_t bs)
@@ -19,16 +15,7 @@ void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int3
         for (int64_t h = 0; h < n_kv; h++) {
             const float *src = x + (t * n_kv + h) * hd;
             const int64_t row = cache_row(slot[t], h, n_kv, bs);
-            float amax = 0.0f;
-            for (int64_t i = 0; i < hd; i++) {
-                const float a = fabsf(src[i]);
-                amax = a > amax ? a : amax;
-            }
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t *q = dst + row * hd;
-            for (int64_t i = 0; i < hd; i++)
-                q[i] = (int8_t)nearbyintf(src[i] * inv);
-            scale[row] = amax / 127.0f;
+            scale[row] = quantize_group_q8(src, hd, dst + row * hd);
         }
     }
 }

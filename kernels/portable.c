@@ -42,20 +42,8 @@ uint16_t fp32_to_fp16(float f)
 void quantize_rows_q8_portable(const float *x, int64_t M, int64_t K, int8_t *q, float *d)
 {
     const int64_t nblocks = M * (K / QK);
-    for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = x + b * QK;
-        int8_t *qb = q + b * QK;
-        float amax = 0.0f;
-        for (int i = 0; i < QK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
-        /* Both in float32, as numpy does them: d = amax/127, multiplier 127/amax. */
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
-        for (int i = 0; i < QK; i++)
-            qb[i] = (int8_t)lrintf(xb[i] * inv);
-    }
+    for (int64_t b = 0; b < nblocks; b++)
+        d[b] = quantize_group_q8(x + b * QK, QK, q + b * QK);
 }
 
 /* ---- GEMM ---------------------------------------------------------------- */
@@ -82,8 +70,10 @@ void gemm_q8_portable(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K
 {
     const int64_t nb = K / QK;
     const int nt = kernels_threads(nthreads);
-    #pragma omp parallel for schedule(static) num_threads(nt) \
-        if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    #pragma omp parallel num_threads(nt) if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    {
+    kernels_note_threads(KERNEL_GEMM);
+    #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *w = wq + n * K;
         for (int64_t m = 0; m < M; m++) {
@@ -96,6 +86,7 @@ void gemm_q8_portable(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K
             y[m * N + n] = acc;
         }
     }
+    }   /* parallel */
 }
 
 void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
@@ -103,8 +94,10 @@ void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t 
 {
     const int64_t nb = K / QK;
     const int nt = kernels_threads(nthreads);
-    #pragma omp parallel for schedule(static) num_threads(nt) \
-        if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    #pragma omp parallel num_threads(nt) if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
+    {
+    kernels_note_threads(KERNEL_GEMM);
+    #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = wq + n * (K / 2);
         for (int64_t m = 0; m < M; m++) {
@@ -119,6 +112,7 @@ void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t 
             y[m * N + n] = acc;
         }
     }
+    }   /* parallel */
 }
 
 /* ---- elementwise ------------------------------------------------------- */

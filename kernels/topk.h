@@ -1,9 +1,9 @@
 /*
  * Deterministic top-m marking for block-sparse attention: which m of n values are best,
  * ties to the lower index (what a stable descending sort takes first), in O(n) with a
- * quickselect threshold instead of a sort. Shared by the block choice (sparse_attention.c)
- * and the bound probe's candidate pick (attention_impl.h); header-only because the two live
- * in different extension modules.
+ * quickselect threshold instead of a sort. Shared by the block choice (sparse_select.c)
+ * and the bound probe's candidate pick (attention_probe.h); header-only so that the probe,
+ * compiled once per path, inlines it.
  */
 #ifndef APPLIANCE_TOPK_H
 #define APPLIANCE_TOPK_H

@@ -16,15 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from appliance.kernels import quant
+from appliance.kernels import quant, reference
+from appliance.kernels.dispatch import kernels
 from appliance.options import KV_FORMATS
 from appliance.errors import KVCacheFullError
-
-try:
-    from appliance.kernels import _kvops
-except ImportError:   # APPLIANCE_KERNELS=numpy development runs without a build
-    _kvops = None
-
 
 
 def bytes_per_token_per_layer(kind: str, n_kv: int, head_dim: int) -> int:
@@ -197,17 +192,20 @@ class PagedKVCache:
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v float32[T, n_kv, hd] at positions start..start+T-1 of `seq` in `layer`."""
-        if _kvops is None:
-            self.write_reference(layer, seq, start, k, v)
-        else:
-            self._store(layer, seq, start, k, v)
+        self._store(kernels, layer, seq, start, k, v)
         bs = self.block_size
         if self.bound_k is not None and (start + k.shape[0]) // bs > start // bs:   # a block filled up
             pos = np.arange(start, start + k.shape[0])
             blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // bs]
             self._write_bounds(layer, blocks, pos % bs)
 
-    def _store(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
+    def write_reference(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """`write` through the kernels' numpy twin (reference.kv_store: appliance.kernels.quant's
+        formats), whatever dispatch chose: what the compiled writes are held to."""
+        self._store(reference, layer, seq, start, k, v)
+
+    def _store(self, ops, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """K, V and the compact probe rows through `ops.kv_store` (the compiled kernels or their twin)."""
         t = k.shape[0]
         bs = self.block_size
         pos = np.arange(start, start + t)
@@ -218,8 +216,8 @@ class PagedKVCache:
         slots = blocks * bs + (pos % bs).astype(np.int32)
         ks = self.k_scale[layer] if self.k_scale is not None else None
         vs = self.v_scale[layer] if self.v_scale is not None else None
-        _kvops.kv_store(self.kind, k, slots, self.k[layer], ks)
-        _kvops.kv_store(self.kind, v, slots, self.v[layer], vs)
+        ops.kv_store(self.kind, k, slots, self.k[layer], ks)
+        ops.kv_store(self.kind, v, slots, self.v[layer], vs)
         if self.probe_k is not None and (t > 1 or (start % bs) % self.probe_step == 0):
             offset = pos % bs
             sampled = offset % self.probe_step == 0
@@ -227,26 +225,4 @@ class PagedKVCache:
                 rows = self.probe_k.shape[3]
                 pslots = blocks[sampled] * rows + (offset[sampled] // self.probe_step).astype(np.int32)
                 pks = self.probe_k_scale[layer] if self.probe_k_scale is not None else None
-                _kvops.kv_store(self.kind, np.ascontiguousarray(k[sampled]), pslots, self.probe_k[layer], pks)
-
-    def write_reference(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """The numpy definition of `write` (appliance.quant), used where _kvops is not built."""
-        t = k.shape[0]
-        pos = np.arange(start, start + t)
-        blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // self.block_size]
-        offsets = pos % self.block_size
-        # Fancy indexes (blocks, :, offsets) put the token axis first: [T, n_kv, ...].
-        if self.kind == "q8":
-            kq, kd = quant.quantize_kv_q8(k)
-            vq, vd = quant.quantize_kv_q8(v)
-        elif self.kind == "q4":
-            kq, kd = quant.quantize_kv_q4(k)
-            vq, vd = quant.quantize_kv_q4(v)
-        else:
-            self.k[layer][blocks, :, offsets] = k
-            self.v[layer][blocks, :, offsets] = v
-            return
-        self.k[layer][blocks, :, offsets] = kq
-        self.v[layer][blocks, :, offsets] = vq
-        self.k_scale[layer][blocks, :, offsets] = kd
-        self.v_scale[layer][blocks, :, offsets] = vd
+                ops.kv_store(self.kind, np.ascontiguousarray(k[sampled]), pslots, self.probe_k[layer], pks)

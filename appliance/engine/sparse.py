@@ -34,36 +34,9 @@ from appliance.engine.attention import ExactAttention
 from appliance.engine.kv_cache import PagedKVCache
 from appliance.engine.batch import Batch, Segment
 from appliance.kernels.dispatch import kernels
+# The block choice's numpy definition (the compiled kernels' select is held to it bit for bit).
+from appliance.kernels.reference import select as select_blocks  # noqa: F401 (re-exported)
 from appliance.options import SparseConfig  # noqa: F401 (re-exported: the engine API takes it)
-
-
-def select_blocks(scores: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
-    """Chosen blocks bool[n_kv, nb] from probe scores float[n_kv, nb] and block importance float[nb].
-
-    Deterministic: stable sorts, so ties always go to the lower block index.
-    """
-    n_kv, nb = scores.shape
-    if k >= nb:
-        return np.ones((n_kv, nb), dtype=bool)
-    reserved = np.zeros(nb, dtype=bool)
-    if importance is not None and np.any(importance > 0):
-        reserved[np.argsort(-importance[:nb], kind="stable")[: (k + 1) // 2]] = True
-    remaining = k - int(reserved.sum())
-    order = np.argsort(-scores, axis=1, kind="stable")            # best first, ties: lower index
-    candidate = ~reserved[order]
-    rank = np.cumsum(candidate, axis=1)
-    take = candidate & (rank <= remaining)
-    chosen = np.zeros((n_kv, nb), dtype=bool)
-    np.put_along_axis(chosen, order, take, axis=1)
-    chosen |= reserved
-    missing = ~chosen[:, nb - 1]
-    if remaining > 0 and missing.any():
-        # The lowest-scoring probe pick is the last one taken in score order.
-        last_taken = np.argmax(take & (rank == remaining), axis=1)
-        heads = np.nonzero(missing)[0]
-        chosen[heads, order[heads, last_taken[heads]]] = False
-        chosen[heads, nb - 1] = True
-    return chosen
 
 
 def block_importance(token_importance: np.ndarray | None, nb: int, block: int) -> np.ndarray | None:
@@ -81,15 +54,13 @@ class SparseAttention(ExactAttention):
         super().__init__(cache, head_dim)
         if cache.block_size != config.block:
             raise ValueError(f"sparse block {config.block} must equal the KV block size {cache.block_size}")
-        from appliance.kernels import _kvops
-        self._kernels = _kvops
         self.config = config
         self.n_layers = n_layers
         if config.probe_mode == "bound":
             cache.enable_bound_rows()
         # A compact copy of the probed rows pays when they are strided; with probe >= block every
         # row is probed and the slab itself is one contiguous run.
-        elif _kvops is not None and config.block // config.probe > 1:
+        elif config.block // config.probe > 1:
             cache.enable_probe_rows(config.probe)
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
@@ -111,7 +82,7 @@ class SparseAttention(ExactAttention):
             self.attend(layer, q, seg, out, seg.table, seg.blockpos, seg.count)
             return
         scores = self._probe(layer, np.ascontiguousarray(q), seg.table, seg.count)
-        chosen = self._kernels.select(scores, self._block_importance(layer, seg.blocks, nb), self.config.k)
+        chosen = kernels.select(scores, self._block_importance(layer, seg.blocks, nb), self.config.k)
         self._attend_chosen(layer, q, seg, out, chosen, seg.table, seg.count)
 
     # ---- prefill -----------------------------------------------------------
@@ -146,7 +117,7 @@ class SparseAttention(ExactAttention):
             older = visible - 2
             scores = self._probe(layer, qc.mean(axis=0, keepdims=True), table[:older], count[:older])
             chosen = np.ones((scores.shape[0], visible), dtype=bool)
-            chosen[:, :older] = self._kernels.select(scores, None, self.config.k - 2)
+            chosen[:, :older] = kernels.select(scores, None, self.config.k - 2)
             self._attend_chosen(layer, qc, sub, out[chunk], chosen, table, count, importance)
             row = end
 
@@ -171,7 +142,6 @@ class SparseAttention(ExactAttention):
                                                  self.scale)
         pk = c.probe_k[layer] if c.probe_k is not None else None
         pks = c.probe_k_scale[layer] if c.probe_k_scale is not None else None
-        # The SIMD path's scores (kernels.h); _kvops.probe is their plain-C reference.
         return kernels.attention_probe(c.kind, q, c.k[layer], ks, table, count, self.config.probe,
                                        self.scale, pk=pk, pks=pks)
 

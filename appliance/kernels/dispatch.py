@@ -1,7 +1,8 @@
 """The kernel module the engine calls: the compiled one, or (APPLIANCE_KERNELS=numpy) its numpy twin.
 
-Everything numeric in the forward pass goes through `dispatch.kernels`, so swapping
-paths never touches model code.
+The one place that decides: everything numeric in the engine goes through `dispatch.kernels`
+(GEMMs, attention, the sparse probes and block choice, the KV cache writes), so swapping paths
+never touches model code, and under APPLIANCE_KERNELS=numpy nothing compiled is imported.
 """
 from __future__ import annotations
 

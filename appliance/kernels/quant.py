@@ -42,6 +42,14 @@ def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape), d
 
 
+def requantize_rows_q8(x: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """float[..., K] -> dtype[..., K]: x as the int8 kernels see it (quantize_rows_q8 per row of K,
+    then each int8 times its block's scale, in `dtype`: float64 makes the product exact)."""
+    shape = np.shape(x)
+    q, d = quantize_rows_q8(np.reshape(x, (-1, shape[-1])))
+    return (q.reshape(-1, shape[-1] // QK, QK).astype(dtype) * d.astype(dtype)[..., None]).reshape(shape)
+
+
 def quantize_q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Weights float[N, K] -> Q8_0 (int8[N, K], float16[N, K/32])."""
     q, d = quantize_rows_q8(w)

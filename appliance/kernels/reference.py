@@ -1,7 +1,11 @@
-"""Numpy twins of the compiled kernels, with the same signatures as appliance._kernels.
+"""Numpy twin of the compiled kernels: the functions of appliance.kernels._kernels, same names and
+signatures (tests/kernels/test_kernel_contract.py holds the two modules to that).
 
-They define what the kernels compute (tests hold both paths to them) and let the
-engine run where the extension is not built (APPLIANCE_KERNELS=numpy), slowly.
+They define what the kernels compute (tests hold both C paths to them) and let the engine run
+where the extension is not built (APPLIANCE_KERNELS=numpy, chosen in dispatch.py), slowly.
+`path` and `threads` are accepted and ignored: there is one numpy path, on the calling thread.
+Float arithmetic follows the inputs' dtype, so a test can pass float64 arrays and get the
+definition in float64.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ def silu_mul(gate, up, out=None, path="simd"):
 
 
 _dequantize_kv = quant.dequantize_kv
+_q8 = quant.requantize_rows_q8
 
 
 def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out, importance=None):
@@ -63,21 +68,25 @@ def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out, importan
     bs = k.shape[2]
     group = hq // n_kv
     if kind != "f32":
-        qq, qd = quant.quantize_rows_q8(q.reshape(-1, hd))
-        q = (qq.reshape(-1, hd // quant.QK, quant.QK) * qd[..., None]).reshape(q.shape)
+        q = _q8(q)
     table = np.asarray(table)
     if table.ndim == 1:
         table, blockpos, count = (np.broadcast_to(a, (n_kv, a.shape[0])) for a in (table, blockpos, count))
-    result = np.zeros((t_len, hq, hd), np.float32) if out is None else out
+    # A query that sees no row gets zeros, as in the kernels.
+    result = np.zeros((t_len, hq, hd), np.result_type(q.dtype, k.dtype, v.dtype, np.float32))
     for h in range(n_kv):
         rows_k, rows_v, positions = [], [], []
         for b, lb, c in zip(table[h], blockpos[h], count[h]):
             rows_k.append(k[b, h, :c])
             rows_v.append(v[b, h, :c])
             positions.append(lb * bs + np.arange(c))
+        if not rows_k:
+            continue
         kh, vh, ph = np.concatenate(rows_k), np.concatenate(rows_v), np.concatenate(positions)
         for t in range(t_len):
             visible = ph <= qpos[t]
+            if not visible.any():
+                continue
             for j in range(h * group, (h + 1) * group):
                 s = (kh[visible] @ q[t, j]) * scale
                 w = np.exp(s - s.max())
@@ -85,7 +94,10 @@ def _attention(q, k, v, table, blockpos, count, qpos, scale, kind, out, importan
                 if importance is not None:
                     pos = ph[visible]
                     keep = pos < len(importance)
-                    np.add.at(importance, pos[keep], (w / w.sum())[keep].astype(np.float32))
+                    np.add.at(importance, pos[keep], (w / w.sum())[keep].astype(importance.dtype))
+    if out is not None:
+        out[...] = result
+        return out
     return result
 
 
@@ -113,8 +125,7 @@ def attention_probe(kind, q, k, ks, table, count, probe, scale, pk=None, pks=Non
     n_kv = k.shape[1]
     group = hq // n_kv
     if kind != "f32":
-        qq, qd = quant.quantize_rows_q8(q.reshape(-1, hd))
-        q = (qq.reshape(-1, hd // quant.QK, quant.QK) * qd[..., None]).reshape(q.shape)
+        q = _q8(q)
     keys = _dequantize_kv(k, ks, kind)
     probe = max(1, probe)
     out = np.full((n_kv, len(table)), -np.inf, np.float32)
@@ -133,13 +144,8 @@ def attention_probe_bound(kind, q, k, ks, bk, bks, table, count, ncand, scale, p
     r_len, hq, hd = q.shape
     n_kv, bs = k.shape[1], k.shape[2]
     group = hq // n_kv
-
-    def q8(x):
-        xq, xd = quant.quantize_rows_q8(x.reshape(-1, hd))
-        return (xq.reshape(-1, hd // quant.QK, quant.QK) * xd[..., None]).reshape(x.shape)
-
-    qs = q if kind == "f32" else q8(q)
-    q_pos, q_neg = q8(np.maximum(q, 0)), q8(np.minimum(q, 0))
+    qs = q if kind == "f32" else _q8(q)
+    q_pos, q_neg = _q8(np.maximum(q, 0)), _q8(np.minimum(q, 0))
     keys = _dequantize_kv(k, ks, kind)
     rows = bk.astype(np.float32) * bks[..., None]                     # [nblk, n_kv, 2, hd]
     table, count = np.asarray(table), np.asarray(count)
@@ -154,6 +160,77 @@ def attention_probe_bound(kind, q, k, ks, bk, bks, table, count, ncand, scale, p
             if c > 0 and (i in cand or c < bs):
                 out[h, i] = np.float32((qh @ keys[b, h, :c].T).max() * scale)
     return out
+
+
+# ---- KV cache writes and block choice (plain C only in the compiled module) -----------------
+
+_KV_QUANTIZERS = {"q8": quant.quantize_kv_q8, "q4": quant.quantize_kv_q4}
+
+
+def kv_store(kind, x, slots, dst, scale):
+    """Write x float32[T, n_kv, hd] into one layer's cache arrays at slots int32[T] (block*bs + offset)."""
+    if kind not in ("q8", "q4", "f32"):
+        raise ValueError(f"kind must be one of q8, q4, f32, not {kind!r}")
+    x = np.asarray(x, dtype=np.float32)
+    slots = np.asarray(slots, dtype=np.intp)
+    bs = dst.shape[2]
+    blocks, offsets = slots // bs, slots % bs
+    # Fancy indexes (blocks, :, offsets) put the token axis first: [T, n_kv, ...].
+    if kind == "f32":
+        dst[blocks, :, offsets] = x
+        return
+    q, d = _KV_QUANTIZERS[kind](x)
+    dst[blocks, :, offsets] = q
+    scale[blocks, :, offsets] = d
+
+
+def select(scores, importance, k):
+    """Chosen blocks bool[n_kv, nb] from probe scores float[n_kv, nb] and block importance float[>= nb]
+    (or None), k per head (docs/engine.md, "Block-sparse attention"):
+      1. (k+1)//2 blocks reserved for every head by importance (if any is > 0), ties to the lower index;
+      2. the rest of the budget to each head's best scores, ties to the lower index;
+      3. the last block (the current position) replaces the lowest-scoring pick if it was not chosen;
+         reserved blocks are never displaced.
+    k >= nb chooses every block; k <= 0 none. Deterministic: stable sorts.
+    """
+    scores = np.asarray(scores)
+    n_kv, nb = scores.shape
+    if k >= nb:
+        return np.ones((n_kv, nb), dtype=bool)
+    if k <= 0:
+        return np.zeros((n_kv, nb), dtype=bool)
+    reserved = np.zeros(nb, dtype=bool)
+    if importance is not None and np.any(importance[:nb] > 0):
+        reserved[np.argsort(-importance[:nb], kind="stable")[: (k + 1) // 2]] = True
+    remaining = k - int(reserved.sum())
+    order = np.argsort(-scores, axis=1, kind="stable")            # best first, ties: lower index
+    candidate = ~reserved[order]
+    rank = np.cumsum(candidate, axis=1)
+    take = candidate & (rank <= remaining)
+    chosen = np.zeros((n_kv, nb), dtype=bool)
+    np.put_along_axis(chosen, order, take, axis=1)
+    chosen |= reserved
+    missing = ~chosen[:, nb - 1]
+    if remaining > 0 and missing.any():
+        # The lowest-scoring probe pick is the last one taken in score order.
+        last_taken = np.argmax(take & (rank == remaining), axis=1)
+        heads = np.nonzero(missing)[0]
+        chosen[heads, order[heads, last_taken[heads]]] = False
+        chosen[heads, nb - 1] = True
+    return chosen
+
+
+# ---- fp16 helpers and what this "build" is ----------------------------------------------------
+
+def fp16_to_fp32(h):
+    """uint16[n] (IEEE half bits) -> float32[n]."""
+    return np.asarray(h, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+def fp32_to_fp16(x):
+    """float32[n] -> uint16[n] (IEEE half bits, round to nearest even)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
 
 
 _threads = 1
@@ -178,3 +255,8 @@ def cpu_supported():
 
 def cpu_features():
     return ""
+
+
+def last_threads():
+    """No compiled parallel region runs here: every family reads 0, as before its first call."""
+    return {"gemm": 0, "attention": 0, "probe": 0, "probe_bound": 0}

@@ -45,9 +45,10 @@ void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, floa
 
 ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const wrow[NR],
                              const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
-                             int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
-                             int64_t prefetch_ahead)
+                             int64_t K, const float *xd, const int32_t *xsum8, float *y, int64_t ldy,
+                             int ncols, int64_t prefetch_ahead)
 {
+    (void)xsum8;   /* see GEMM_Q4_XSUM8 below */
     float32x4_t acc[MR];   /* acc[m] = y[m, n0..n0+3] */
     for (int m = 0; m < mr; m++)
         acc[m] = vdupq_n_f32(0.0f);
@@ -90,83 +91,11 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
     }
 }
 
-static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
-                               const uint16_t *const wdrow[NR], int64_t nb, const int8_t *x,
-                               int64_t K, const float *xd, float *y, int64_t ldy, int ncols,
-                               int64_t prefetch_ahead)
-{
-#define TILE(Q4, R) gemm_tile(Q4, R, wrow, wdrow, nb, x, K, xd, y, ldy, ncols, prefetch_ahead)
-    if (is_q4) {
-        switch (mr) {
-        case 4: TILE(1, 4); break;
-        case 3: TILE(1, 3); break;
-        case 2: TILE(1, 2); break;
-        default: TILE(1, 1); break;
-        }
-    } else {
-        switch (mr) {
-        case 4: TILE(0, 4); break;
-        case 3: TILE(0, 3); break;
-        case 2: TILE(0, 2); break;
-        default: TILE(0, 1); break;
-        }
-    }
-#undef TILE
-}
-
-/* As x86/avx2.c: static chunks of weight panels that stay in L2 (the A76 has 512 KB per
- * core) while every activation tile meets all their groups; results are independent of the
- * thread count. */
+/* Weight panels that stay in L2 with the activation tile (gemm_driver.h; the A76 has 512 KB per
+ * core). The Q4 tile subtracts the nibble offset in int8 before its dots: no use for xsum8. */
 #define GEMM_PANEL_BYTES (128 * 1024)
-
-static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
-                      const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
-{
-    const int64_t nb = K / QK;
-    const int64_t row_bytes = is_q4 ? K / 2 : K;
-    const int64_t ngroups = (N + NR - 1) / NR;
-    const int nt = kernels_threads(nthreads);
-    int64_t panel = GEMM_PANEL_BYTES / (NR * row_bytes);
-    if (panel > (ngroups + nt - 1) / nt)
-        panel = (ngroups + nt - 1) / nt;
-    if (panel < 1)
-        panel = 1;
-    const int64_t npanels = (ngroups + panel - 1) / panel;
-    #pragma omp parallel for schedule(static) num_threads(nt) \
-        if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
-    for (int64_t p = 0; p < npanels; p++) {
-        const int64_t g_end = (p + 1) * panel < ngroups ? (p + 1) * panel : ngroups;
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
-            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            for (int64_t g = p * panel; g < g_end; g++) {
-                const int64_t n0 = g * NR;
-                const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
-                const uint8_t *wrow[NR];
-                const uint16_t *wdrow[NR];
-                for (int r = 0; r < NR; r++) {
-                    const int64_t n = r < ncols ? n0 + r : N - 1;   /* past the end: repeat, discard */
-                    wrow[r] = wq + n * row_bytes;
-                    wdrow[r] = wd + n * nb;
-                }
-                const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
-                gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
-                                   y + m0 * N + n0, N, ncols, ahead);
-            }
-        }
-    }
-}
-
-void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
-                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
-{
-    gemm_simd(0, (const uint8_t *)wq, wd, N, K, xq, xd, M, y, nthreads);
-}
-
-void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
-                  const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
-{
-    gemm_simd(1, wq, wd, N, K, xq, xd, M, y, nthreads);
-}
+#define GEMM_Q4_XSUM8 0
+#include "../gemm_driver.h"
 
 /* ---- elementwise ------------------------------------------------------- */
 

@@ -122,8 +122,6 @@ static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const flo
     }
 }
 
-enum { V_Q8, V_Q4, V_F32 };
-
 ALWAYS_INLINE void widen_s8x16(int8x16_t v, float32x4_t *f)
 {
     const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
@@ -137,11 +135,11 @@ ALWAYS_INLINE void widen_s8x16(int8x16_t v, float32x4_t *f)
 ALWAYS_INLINE void load_row32(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
                               float32x4_t f[8])
 {
-    if (kind == V_Q8) {
+    if (kind == KV_Q8) {
         const int8_t *r = (const int8_t *)v + j * hd + d0;
         widen_s8x16(vld1q_s8(r), f);
         widen_s8x16(vld1q_s8(r + 16), f + 4);
-    } else if (kind == V_Q4) {
+    } else if (kind == KV_Q4) {
         int8x16_t lo, hi;
         unpack_q4_block((const uint8_t *)v + j * (hd / 2) + d0 / 2, &lo, &hi);
         widen_s8x16(lo, f);
@@ -167,12 +165,12 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
         for (int64_t j = 0; j < n; j++) {
             float32x4_t f[8];
             load_row32(kind, v, j, hd, d0, f);
-            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
-            const float p0 = kind == V_Q4 ? w0[j] * bs : w0[j];
+            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const float p0 = kind == KV_Q4 ? w0[j] * bs : w0[j];
             for (int i = 0; i < 8; i++)
                 a[i] = vfmaq_n_f32(a[i], f[i], p0);
             if (gh == 2) {
-                const float p1 = kind == V_Q4 ? w1[j] * bs : w1[j];
+                const float p1 = kind == KV_Q4 ? w1[j] * bs : w1[j];
                 for (int i = 0; i < 8; i++)
                     b[i] = vfmaq_n_f32(b[i], f[i], p1);
             }
@@ -189,9 +187,9 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
 ALWAYS_INLINE void load_row16(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
                               float32x4_t f[4])
 {
-    if (kind == V_Q8) {
+    if (kind == KV_Q8) {
         widen_s8x16(vld1q_s8((const int8_t *)v + j * hd + d0), f);
-    } else if (kind == V_Q4) {
+    } else if (kind == KV_Q4) {
         /* columns 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high ones */
         const uint8x16_t raw = vld1q_u8((const uint8_t *)v + j * (hd / 2) + (d0 / QK) * (QK / 2));
         const uint8x16_t nib = d0 % QK ? vshrq_n_u8(raw, 4) : vandq_u8(raw, vdupq_n_u8(0x0f));
@@ -217,9 +215,9 @@ ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, i
         for (int64_t j = 0; j < n; j++) {
             float32x4_t f[4];
             load_row16(kind, v, j, hd, d0, f);
-            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
             for (int r = 0; r < 4; r++) {
-                const float pr = kind == V_Q4 ? w[r * ld + j] * bs : w[r * ld + j];
+                const float pr = kind == KV_Q4 ? w[r * ld + j] * bs : w[r * ld + j];
                 for (int i = 0; i < 4; i++)
                     a[r][i] = vfmaq_n_f32(a[r][i], f[i], pr);
             }
@@ -230,43 +228,16 @@ ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, i
     }
 }
 
-ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
-                             int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
+ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
 {
-    int64_t g = 0;
-    for (; g + 4 <= group; g += 4)
-        accum_rows4(kind, v, vs, n, hd, w + g * ld, ld, acc + g * hd);
-    for (; g + 2 <= group; g += 2)
-        accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
-    if (g < group)
-        accum_heads(kind, 1, v, vs, n, hd, w + g * ld, NULL, acc + g * hd, NULL);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        vst1q_f32(x + j, vmulq_f32(vld1q_f32(x + j), vld1q_f32(y + j)));
+    for (; j < n; j++)
+        x[j] *= y[j];
 }
 
-static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          float *w, int64_t ld, float *acc)
-{
-    for (int64_t g = 0; g < group; g++) {   /* fold the row scale into the weight, as portable */
-        float *wg = w + g * ld;
-        int64_t j = 0;
-        for (; j + 4 <= n; j += 4)
-            vst1q_f32(wg + j, vmulq_f32(vld1q_f32(wg + j), vld1q_f32(vs + j)));
-        for (; j < n; j++)
-            wg[j] *= vs[j];
-    }
-    accum_all(V_Q8, v, NULL, n, group, hd, w, ld, acc);
-}
-
-static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          float *w, int64_t ld, float *acc)
-{
-    accum_all(V_Q4, v, vs, n, group, hd, w, ld, acc);
-}
-
-static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
-                           float *w, int64_t ld, float *acc)
-{
-    accum_all(V_F32, v, NULL, n, group, hd, w, ld, acc);
-}
+#include "../attention_accum_simd.h"
 
 static float attn_max(const float *s, int64_t n)
 {

@@ -154,16 +154,14 @@ static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const flo
 
 /* acc[g, d0:d0+32] += sum_j w[g, j] * row_j[d0:d0+32] for gh (1 or 2) heads at once; the
  * `kind` decides how a row's 32 columns become four float vectors. */
-enum { V_Q8, V_Q4, V_F32 };
-
 ALWAYS_INLINE void load_row32(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
                               __m256 f[4])
 {
-    if (kind == V_Q8) {
+    if (kind == KV_Q8) {
         const int8_t *r = (const int8_t *)v + j * hd + d0;
         for (int i = 0; i < 4; i++)
             f[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8 * i))));
-    } else if (kind == V_Q4) {
+    } else if (kind == KV_Q4) {
         const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + d0 / 2));
         const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);                   /* cols 0..15 */
@@ -195,12 +193,12 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
         for (int64_t j = 0; j < n; j++) {
             __m256 f[4];
             load_row32(kind, v, j, hd, d0, f);
-            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
-            const __m256 p0 = _mm256_set1_ps(kind == V_Q4 ? w0[j] * bs : w0[j]);
+            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const __m256 p0 = _mm256_set1_ps(kind == KV_Q4 ? w0[j] * bs : w0[j]);
             for (int i = 0; i < 4; i++)
                 a[i] = _mm256_fmadd_ps(p0, f[i], a[i]);
             if (gh == 2) {
-                const __m256 p1 = _mm256_set1_ps(kind == V_Q4 ? w1[j] * bs : w1[j]);
+                const __m256 p1 = _mm256_set1_ps(kind == KV_Q4 ? w1[j] * bs : w1[j]);
                 for (int i = 0; i < 4; i++)
                     b[i] = _mm256_fmadd_ps(p1, f[i], b[i]);
             }
@@ -217,11 +215,11 @@ ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, cons
 ALWAYS_INLINE void load_row16(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
                               __m256 f[2])
 {
-    if (kind == V_Q8) {
+    if (kind == KV_Q8) {
         const int8_t *r = (const int8_t *)v + j * hd + d0;
         f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)r)));
         f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8))));
-    } else if (kind == V_Q4) {
+    } else if (kind == KV_Q4) {
         /* columns 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high ones */
         __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + (d0 / QK) * (QK / 2)));
         if (d0 % QK)
@@ -251,9 +249,9 @@ ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, i
         for (int64_t j = 0; j < n; j++) {
             __m256 f[2];
             load_row16(kind, v, j, hd, d0, f);
-            const float bs = kind == V_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
+            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
             for (int r = 0; r < 4; r++) {
-                const __m256 pr = _mm256_set1_ps(kind == V_Q4 ? w[r * ld + j] * bs : w[r * ld + j]);
+                const __m256 pr = _mm256_set1_ps(kind == KV_Q4 ? w[r * ld + j] * bs : w[r * ld + j]);
                 a[r][0] = _mm256_fmadd_ps(pr, f[0], a[r][0]);
                 a[r][1] = _mm256_fmadd_ps(pr, f[1], a[r][1]);
             }
@@ -265,44 +263,16 @@ ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, i
     }
 }
 
-ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int64_t n,
-                             int64_t group, int64_t hd, const float *w, int64_t ld, float *acc)
+ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
 {
-    int64_t g = 0;
-    for (; g + 4 <= group; g += 4)
-        accum_rows4(kind, v, vs, n, hd, w + g * ld, ld, acc + g * hd);
-    for (; g + 2 <= group; g += 2)
-        accum_heads(kind, 2, v, vs, n, hd, w + g * ld, w + (g + 1) * ld, acc + g * hd, acc + (g + 1) * hd);
-    if (g < group)
-        accum_heads(kind, 1, v, vs, n, hd, w + g * ld, NULL, acc + g * hd, NULL);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+    for (; j < n; j++)
+        x[j] *= y[j];
 }
 
-static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          float *w, int64_t ld, float *acc)
-{
-    /* Fold the row scale into the weight once per (head, row), as the portable path does. */
-    for (int64_t g = 0; g < group; g++) {
-        float *wg = w + g * ld;
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8)
-            _mm256_storeu_ps(wg + j, _mm256_mul_ps(_mm256_loadu_ps(wg + j), _mm256_loadu_ps(vs + j)));
-        for (; j < n; j++)
-            wg[j] *= vs[j];
-    }
-    accum_all(V_Q8, v, NULL, n, group, hd, w, ld, acc);
-}
-
-static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
-                          float *w, int64_t ld, float *acc)
-{
-    accum_all(V_Q4, v, vs, n, group, hd, w, ld, acc);
-}
-
-static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
-                           float *w, int64_t ld, float *acc)
-{
-    accum_all(V_F32, v, NULL, n, group, hd, w, ld, acc);
-}
+#include "../attention_accum_simd.h"
 
 static float attn_max(const float *s, int64_t n)
 {

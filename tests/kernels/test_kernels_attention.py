@@ -1,10 +1,11 @@
-"""Attention over the paged cache (q8, q4, f32) against a float64 numpy reference."""
+"""Attention over the paged cache (q8, q4, f32) against the numpy twin, fed float64."""
 import numpy as np
 import pytest
 
 from appliance.kernels import _kernels as K
+from appliance.kernels import reference
 
-from kernels_reference import PATHS, PagedCase, attention_reference, make_case, nmse, quantize_q_rows
+from kernel_cases import PATHS, PagedCase, make_case, nmse, quantize_q_rows
 
 # Same definition (q quantized as the kernel does, dequantized cache), float64 reference:
 # max error relative to max|V|. Float32 scores/exp/accumulation only.
@@ -44,8 +45,8 @@ def _check_same_definition(kind, case, out, k_deq, v_deq):
         q_deq, k_deq, v_deq = case.q.astype(np.float64), case.k_f32, case.v_f32
     else:
         q_deq = quantize_q_rows(case.q)
-    ref = attention_reference(q_deq, k_deq, v_deq, case.table, case.blockpos, case.count,
-                              case.qpos, case.scale)
+    ref = reference.attention_f32(q_deq, k_deq, v_deq, case.table, case.blockpos, case.count,
+                                  case.qpos, case.scale)
     assert out.shape == case.q.shape and out.dtype == np.float32
     assert np.isfinite(out).all()
     err = np.abs(out - ref).max()
@@ -69,8 +70,9 @@ def test_attention_sweep(kind, path, case_args):
 def test_attention_close_to_exact_float(kind, limit):
     rng = np.random.default_rng(11)
     case = make_case(rng, 5, 2, 2, 128, 32, 150, kscale=0.5)
-    exact = attention_reference(case.q.astype(np.float64), case.k_f32, case.v_f32, case.table,
-                                case.blockpos, case.count, case.qpos, case.scale)
+    exact = reference.attention_f32(case.q.astype(np.float64), case.k_f32.astype(np.float64),
+                                    case.v_f32.astype(np.float64), case.table, case.blockpos, case.count,
+                                    case.qpos, case.scale)
     for path in PATHS:
         out, _, _ = _run(kind, case, path)
         assert nmse(out, exact) < limit

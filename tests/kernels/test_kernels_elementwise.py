@@ -4,7 +4,7 @@ import pytest
 
 from appliance.kernels import _kernels as K
 
-from kernels_reference import PATHS
+from kernel_cases import PATHS
 
 RMSNORM_RTOL = 2e-6      # float32 sum of squares over D (SIMD lanes) against float64
 ROPE_ATOL = 2e-6         # relative to max|x|: cos/sin of the same float32 angle, one rotation

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from appliance.kernels import _kernels as K
 from appliance.kernels import quant
 
-from kernels_reference import PATHS, gemm_abs_bound
+from kernel_cases import PATHS, gemm_abs_bound
 
 # |y - reference| <= GEMM_RTOL * sum_b |dot_b * scale_b|: the int32 block dots are exact, only
 # the float order of the per-block sum differs between numpy, portable C and SIMD lanes.

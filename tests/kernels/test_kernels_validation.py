@@ -5,7 +5,7 @@ import pytest
 from appliance.kernels import _kernels as K
 from appliance.kernels import quant
 
-from kernels_reference import make_case
+from kernel_cases import make_case
 
 RNG = np.random.default_rng(0)
 WQ, WD = quant.quantize_q8_0(RNG.standard_normal((8, 64)).astype(np.float32))

@@ -1,12 +1,12 @@
-"""The probe and importance kernels of block-sparse attention against numpy."""
+"""The probe, importance, block choice and KV write kernels of block-sparse attention against numpy."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from appliance.kernels import _kvops as _sparse
+from appliance.kernels import _kernels
 from appliance.kernels import quant
-from appliance.kernels import reference as reference_ops
+from appliance.kernels import reference
 from appliance.kernels.dispatch import kernels
 
 PROBE_RTOL = 1e-5       # same int8 dots, float sums in another order
@@ -28,22 +28,20 @@ def make_cache(kind, rng, n_blocks=6, n_kv=2, bs=32, hd=64):
 
 
 def quantized_q(q, kind):
-    if kind == "f32":
-        return q
-    qq, qd = quant.quantize_rows_q8(q.reshape(-1, q.shape[-1]))
-    return (qq.reshape(-1, q.shape[-1] // 32, 32) * qd[..., None]).reshape(q.shape)
+    return q if kind == "f32" else quant.requantize_rows_q8(q)
 
 
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
 @pytest.mark.parametrize("probe", [1, 8, 32])
-def test_probe_matches_numpy(kind, probe):
+@pytest.mark.parametrize("path", ["simd", "portable"])
+def test_probe_matches_numpy(kind, probe, path):
     rng = np.random.default_rng(0)
     kq, ks, deq = make_cache(kind, rng)
     group, n_kv, hd = 2, 2, 64
     q = rng.standard_normal((2, n_kv * group, hd)).astype(np.float32)
     table = np.array([3, 0, 5, 1], np.int32)
     count = np.array([32, 32, 32, 13], np.int32)
-    got = _sparse.probe(kind, q, kq, ks, table, count, probe, 0.125)
+    got = _kernels.attention_probe(kind, q, kq, ks, table, count, probe, 0.125, path=path)
     qd = quantized_q(q, kind)
     want = np.empty((n_kv, len(table)), np.float32)
     for h in range(n_kv):
@@ -69,27 +67,11 @@ def _attention_with_importance(kind, q, kq, ks, table, blockpos, count, qpos, n_
     return out, acc
 
 
-def _numpy_importance(kind, q, deq, table, blockpos, count, qpos, n_positions, bs=32):
-    qd = quantized_q(q, kind)
-    n_kv = deq.shape[1]
-    group = q.shape[1] // n_kv
+def _numpy_importance(kind, q, deq, table, blockpos, count, qpos, n_positions):
+    """The numpy twin's importance (float64 sums) for the query as the kernels quantize it."""
     want = np.zeros(n_positions, np.float64)
-    for t in range(len(q)):
-        for hq in range(n_kv * group):
-            h = hq // group
-            rows, pos = [], []
-            for b, lb, c in zip(table[h], blockpos[h], count[h]):
-                for j in range(c):
-                    if lb * bs + j <= qpos[t]:
-                        rows.append(deq[b, h, j])
-                        pos.append(lb * bs + j)
-            if not rows:
-                continue
-            s = np.array(rows) @ qd[t, hq] * 0.125
-            w = np.exp(s - s.max())
-            pos = np.array(pos)
-            keep = pos < n_positions
-            np.add.at(want, pos[keep], (w / w.sum())[keep])
+    reference.attention_f32(quantized_q(q, kind), deq, deq, table, blockpos, count, qpos, 0.125,
+                            importance=want)
     return want
 
 
@@ -145,7 +127,7 @@ def test_reference_attention_records_the_same_importance():
     count, qpos = np.array([32, 32, 9], np.int32), np.array([40, 60, 70, 71, 72], np.int32)
     got = _attention_with_importance("q8", q, kq, ks, table, blockpos, count, qpos, 96)[1]
     want = np.zeros(96, np.float32)
-    reference_ops.attention_q8(q, kq, ks, kq, ks, table, blockpos, count, qpos, 0.125, importance=want)
+    reference.attention_q8(q, kq, ks, kq, ks, table, blockpos, count, qpos, 0.125, importance=want)
     np.testing.assert_allclose(got, want, atol=IMPORTANCE_ATOL)
 
 
@@ -153,12 +135,16 @@ def test_bad_arguments_raise():
     rng = np.random.default_rng(2)
     kq, ks, _ = make_cache("q8", rng)
     q = np.zeros((1, 4, 64), np.float32)
-    with pytest.raises(ValueError):
-        _sparse.probe("q8", q, kq, ks, np.array([99], np.int32), np.array([32], np.int32), 8, 1.0)
-    with pytest.raises(ValueError):
-        _sparse.probe("q9", q, kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)
-    with pytest.raises(ValueError):
-        _sparse.probe("q8", q.astype(np.float64), kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0)
+    for path in ("simd", "portable"):
+        with pytest.raises(ValueError):
+            _kernels.attention_probe("q8", q, kq, ks, np.array([99], np.int32), np.array([32], np.int32), 8, 1.0,
+                                     path=path)
+        with pytest.raises(ValueError):
+            _kernels.attention_probe("q9", q, kq, ks, np.array([0], np.int32), np.array([32], np.int32), 8, 1.0,
+                                     path=path)
+        with pytest.raises(ValueError):
+            _kernels.attention_probe("q8", q.astype(np.float64), kq, ks, np.array([0], np.int32),
+                                     np.array([32], np.int32), 8, 1.0, path=path)
 
 
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
@@ -205,18 +191,15 @@ def test_compact_probe_rows_give_the_strided_scores_bit_for_bit(kind, probe):
     assert count.tolist() == [32, 32, 32, 26]
     q = rng.standard_normal((1, n_kv * group, hd)).astype(np.float32)
     ks = cache.k_scale[0] if cache.k_scale is not None else None
-    strided = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
     pks = cache.probe_k_scale[0] if cache.probe_k_scale is not None else None
-    compact = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, pk=cache.probe_k[0], pks=pks)
-    assert np.array_equal(strided, compact)
-    with pytest.raises(ValueError):
-        _sparse.probe(kind, q, cache.k[0], ks, table, count, probe * 2 if probe < 32 else 1, 0.125,
-                      pk=cache.probe_k[0], pks=pks)          # rows of another probe count
-
-
-def _reference_select(scores, importance, k):
-    from appliance.engine.sparse import select_blocks
-    return select_blocks(scores, importance, k)
+    for path in ("simd", "portable"):
+        strided = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, path=path)
+        compact = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125,
+                                           pk=cache.probe_k[0], pks=pks, path=path)
+        assert np.array_equal(strided, compact), path
+        with pytest.raises(ValueError):
+            _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe * 2 if probe < 32 else 1, 0.125,
+                                     pk=cache.probe_k[0], pks=pks, path=path)   # rows of another probe count
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -230,19 +213,18 @@ def test_select_equals_the_numpy_definition(seed):
     if seed % 7 == 0:
         scores[:, rng.random(nb) < 0.3] = -np.inf          # empty blocks score -inf
     importance = None if seed % 3 == 0 else rng.integers(0, 4, nb).astype(np.float32) * (seed % 5 != 1)
-    got = _sparse.select(scores, importance, k)
-    want = _reference_select(scores, importance, k)
+    got = _kernels.select(scores, importance, k)
+    want = reference.select(scores, importance, k)
     assert got.dtype == bool and np.array_equal(got, want), (k, nb)
 
 
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
 @pytest.mark.parametrize("probe", [1, 5, 8, 32])
 @pytest.mark.parametrize("compact", [False, True])
-def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, compact):
+def test_attention_probe_paths_match_the_portable_probe_and_numpy(kind, probe, compact):
     """kernels.attention_probe (SIMD and portable twins, on the attention score primitives) against
-    _kvops.probe (plain C) and reference_ops (numpy), with a partial block and scattered blocks."""
-    from appliance.kernels import _kernels
-    from appliance.kernels import reference as reference_ops
+    the portable twin reading the cache itself and the numpy twin, with a partial block and scattered
+    blocks."""
     from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     rng = np.random.default_rng(10 + probe)
     n_kv, group, hd = 2, 3, 64
@@ -260,8 +242,9 @@ def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, co
     ks = cache.k_scale[0] if cache.k_scale is not None else None
     pk = cache.probe_k[0] if compact else None
     pks = cache.probe_k_scale[0] if compact and cache.probe_k_scale is not None else None
-    plain = _sparse.probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
-    numpy_ = reference_ops.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
+    plain = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, path="portable",
+                                     threads=1)
+    numpy_ = reference.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125)
     for path in ("simd", "portable"):
         got = _kernels.attention_probe(kind, q, cache.k[0], ks, table, count, probe, 0.125, pk=pk, pks=pks,
                                        path=path, threads=2)
@@ -273,7 +256,6 @@ def test_attention_probe_paths_match_the_plain_c_probe_and_numpy(kind, probe, co
 
 
 def test_attention_probe_rejects_mismatched_arrays():
-    from appliance.kernels import _kernels
     rng = np.random.default_rng(0)
     kq, ks, _ = make_cache("q8", rng)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
@@ -338,7 +320,7 @@ def test_attention_probe_bound_matches_numpy(kind, path, ncand):
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     got = _bound_probe(kind, cache, q, table, count, ncand, path)
     ks = cache.k_scale[0] if cache.k_scale is not None else None
-    want = reference_ops.attention_probe_bound(kind, q, cache.k[0], ks, cache.bound_k[0],
+    want = reference.attention_probe_bound(kind, q, cache.k[0], ks, cache.bound_k[0],
                                                cache.bound_k_scale[0], table, count, ncand, 0.125)
     assert (np.isfinite(got) == np.isfinite(want)).all()
     # per head: min(ncand, 6 full blocks) candidates plus the partial last block

@@ -1,7 +1,8 @@
-"""Numpy references and case builders for the kernel tests (float64 where it is the definition).
+"""Case builders and error measures for the kernel tests.
 
-The quantized formats come from appliance.quant (the lead's reference); what is here is the
-attention definition of kernels.h and helpers to build paged caches with scattered tables.
+What the kernels compute is defined once, in the package: appliance.kernels.quant (formats) and
+appliance.kernels.reference (the numpy twin of every kernel, fed float64 here where the test
+wants the definition in float64). What is here builds paged caches with scattered tables.
 """
 from __future__ import annotations
 
@@ -26,11 +27,8 @@ def gemm_abs_bound(wq, wd, xq, xd, q4: bool = False) -> np.ndarray:
 
 
 def quantize_q_rows(q: np.ndarray) -> np.ndarray:
-    """q float[T, Hq, hd] -> float64 dequantized int8-per-32-block q, as the kernels quantize it."""
-    t, hq, hd = q.shape
-    qq, qd = quant.quantize_rows_q8(q.reshape(t * hq, hd))
-    deq = qq.reshape(t * hq, -1, quant.QK).astype(np.float64) * qd.astype(np.float64)[..., None]
-    return deq.reshape(t, hq, hd)
+    """q float[T, Hq, hd] -> float64[T, Hq, hd]: q as the kernels quantize it (int8 per 32-block)."""
+    return quant.requantize_rows_q8(q, np.float64)
 
 
 @dataclass
@@ -99,40 +97,6 @@ def make_case(rng, T, n_kv, group, hd, bs, context, per_head=False, nsel=None, s
         scale = 1.0 / np.sqrt(hd)
     return PagedCase(q, k, v, table, logical.astype(np.int32), count, np.asarray(qpos, np.int32),
                      float(scale))
-
-
-def attention_reference(q_deq, k_deq, v_deq, table, blockpos, count, qpos, scale) -> np.ndarray:
-    """float64[T, Hq, hd]: softmax over the visible rows of each query, as kernels.h defines it.
-    q_deq float[T, Hq, hd]; k_deq/v_deq float[nblk, n_kv, bs, hd] (dequantized)."""
-    t_n, hq, hd = q_deq.shape
-    _, n_kv, bs, _ = k_deq.shape
-    group = hq // n_kv
-    out = np.zeros((t_n, hq, hd))
-    for h in range(n_kv):
-        tab = table if table.ndim == 1 else table[h]
-        bp = blockpos if blockpos.ndim == 1 else blockpos[h]
-        cnt = count if count.ndim == 1 else count[h]
-        rows_k, rows_v, pos = [], [], []
-        for phys, lb, c in zip(tab, bp, cnt):
-            rows_k.append(k_deq[phys, h, :c])
-            rows_v.append(v_deq[phys, h, :c])
-            pos.append(int(lb) * bs + np.arange(c))
-        if not rows_k:
-            continue
-        K = np.concatenate(rows_k)
-        V = np.concatenate(rows_v)
-        P = np.concatenate(pos)
-        for t in range(t_n):
-            vis = P <= qpos[t]
-            if not vis.any():
-                continue
-            qh = q_deq[t, h * group:(h + 1) * group].astype(np.float64)   # [group, hd]
-            s = (qh @ K[vis].T) * scale
-            s -= s.max(axis=1, keepdims=True)
-            p = np.exp(s)
-            p /= p.sum(axis=1, keepdims=True)
-            out[t, h * group:(h + 1) * group] = p @ V[vis]
-    return out
 
 
 def nmse(x, ref) -> float:

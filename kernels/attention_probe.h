@@ -1,0 +1,248 @@
+/*
+ * The two probes of block-sparse attention (kernels.h attention_probe, attention_probe_bound),
+ * part of the attention template (attention_impl.h: the primitives they call).
+ */
+
+/* Scratch of one probe thread, for `rows` query rows: qf float[rows, hd] (the kv head's query
+ * rows, gathered), qq int8[2, rows, hd] and qd float[rows, hd/QK] (their q8 form), s float[rows, ld]
+ * (scores), work int8[wrows, hd] (q4 rows unpacked). The bound probe also keeps the positive and
+ * negative parts of the rows, qpf/qnf float[rows, hd] with qqp/qqn and qdp/qdn as qq and qd,
+ * s2 float[rows, ld], and per listed block: the gathered max and min rows hi/lo int8[nblocks, hd]
+ * with their scales his/los, bounds, quickselect scratch tmp float[nblocks], the full blocks'
+ * indices full int64[nblocks] and the candidate marks mark uint8[nblocks]. */
+struct probe_buffers {
+    float *qf, *qd, *s, *qpf, *qnf, *qdp, *qdn, *s2, *his, *los, *bound, *tmp;
+    int8_t *qq, *qqp, *qqn, *hi, *lo, *work;
+    int64_t *full;
+    uint8_t *mark;
+};
+
+static size_t ATTN_NAME(probe_layout)(struct probe_buffers *b, unsigned char *base, int64_t rows,
+                                      int64_t hd, int64_t ld, int64_t wrows, int64_t nblocks, int bound)
+{
+    attn_scratch sc = {base, 0};
+    const size_t q_bytes = (size_t)(rows * hd) * sizeof(float);
+    const size_t qq_bytes = (size_t)(2 * rows * hd);
+    const size_t qd_bytes = (size_t)(rows * (hd / QK)) * sizeof(float);
+    const size_t s_bytes = (size_t)(rows * ld) * sizeof(float);
+    const size_t per_block = bound ? (size_t)nblocks : 0;
+    b->qf = scratch_take(&sc, q_bytes);
+    b->qpf = scratch_take(&sc, bound ? q_bytes : 0);
+    b->qnf = scratch_take(&sc, bound ? q_bytes : 0);
+    b->qq = scratch_take(&sc, qq_bytes);
+    b->qqp = scratch_take(&sc, bound ? qq_bytes : 0);
+    b->qqn = scratch_take(&sc, bound ? qq_bytes : 0);
+    b->qd = scratch_take(&sc, qd_bytes);
+    b->qdp = scratch_take(&sc, bound ? qd_bytes : 0);
+    b->qdn = scratch_take(&sc, bound ? qd_bytes : 0);
+    b->s = scratch_take(&sc, s_bytes);
+    b->s2 = scratch_take(&sc, bound ? s_bytes : 0);
+    b->hi = scratch_take(&sc, per_block * (size_t)hd);
+    b->lo = scratch_take(&sc, per_block * (size_t)hd);
+    b->his = scratch_take(&sc, per_block * sizeof(float));
+    b->los = scratch_take(&sc, per_block * sizeof(float));
+    b->bound = scratch_take(&sc, per_block * sizeof(float));
+    b->tmp = scratch_take(&sc, per_block * sizeof(float));
+    b->full = scratch_take(&sc, per_block * sizeof(int64_t));
+    b->mark = scratch_take(&sc, per_block);
+    b->work = scratch_take(&sc, (size_t)(wrows * hd));
+    return sc.used;
+}
+
+/* ---- the strided probe ------------------------------------------------------------------
+ * Here the scores come from this path's
+ * attn_scores_* primitive: a full block's sampled rows are one contiguous run of pbs rows in
+ * the compact copy pk, scored in one call like a short slab, and so is a whole slab when every
+ * row is sampled (step 1); other blocks score their sampled rows one at a time. Parallel over
+ * kv heads. */
+static void ATTN_NAME(probe_rows)(int kind, const int8_t *qq, const float *qd, const float *qf,
+                                  int64_t rows, int64_t hd, const void *k, const float *ks,
+                                  int64_t row0, int64_t m, float scale, float *s, int64_t ld,
+                                  int8_t *work)
+{
+    if (kind == KV_Q8)
+        attn_scores_q8(qq, qd, rows, hd, (const int8_t *)k + row0 * hd, ks + row0, m, scale, s, ld);
+    else if (kind == KV_Q4)
+        attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)k + row0 * hd / 2, ks + row0 * (hd / QK), m,
+                       scale, s, ld, work);
+    else
+        attn_scores_f32(qf, rows, hd, (const float *)k + row0 * hd, m, scale, s, ld);
+}
+
+void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                                const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                                int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
+{
+    const int64_t rows = R * group;            /* query rows scored per kv head */
+    const int64_t Hq = n_kv * group;
+    const int64_t ld = ((bs > pbs ? bs : pbs) + 15) & ~(int64_t)15;
+    if (probe < 1)
+        probe = 1;
+    int nt = kernels_threads(nthreads);
+    if (nt > n_kv)
+        nt = (int)n_kv;
+    if (nblocks * n_kv * probe < ATTN_PARALLEL_MIN_ROWS)
+        nt = 1;
+    struct probe_buffers sized;
+    const size_t scratch = ATTN_NAME(probe_layout)(&sized, NULL, rows, hd, ld, ld, nblocks, 0);
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        kernels_note_threads(KERNEL_PROBE);
+        unsigned char *base = scratch_alloc(scratch);
+        struct probe_buffers buf;
+        ATTN_NAME(probe_layout)(&buf, base, rows, hd, ld, ld, nblocks, 0);
+        float *const qf = buf.qf, *const qd = buf.qd, *const s = buf.s;
+        int8_t *const qq = buf.qq, *const work = buf.work;
+
+        #pragma omp for schedule(static)
+        for (int64_t h = 0; h < n_kv; h++) {
+            if (base == NULL) {   /* out of memory: NaN scores, not a crash */
+                for (int64_t i = 0; i < nblocks; i++)
+                    scores[h * nblocks + i] = NAN;
+                continue;
+            }
+            for (int64_t r = 0; r < R; r++)
+                memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
+            if (kind != KV_F32)
+                attn_quantize_q(qf, rows, hd, qq, qd);
+            for (int64_t i = 0; i < nblocks; i++) {
+                const int64_t n = count[i];
+                const int64_t step = n / probe > 1 ? n / probe : 1;
+                float best = -INFINITY;
+                if ((pk != NULL && n == bs) || step == 1) {
+                    /* One contiguous run: the compact copy's pbs rows, or (step 1) the slab itself. */
+                    const int compact = pk != NULL && n == bs;
+                    const int64_t m = (n + step - 1) / step;     /* == pbs when compact */
+                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, compact ? pk : k, compact ? pks : ks,
+                                          ((int64_t)table[i] * n_kv + h) * (compact ? pbs : bs), m, scale, s,
+                                          ld, work);
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float b = attn_max(s + r * ld, m);
+                        best = b > best ? b : best;
+                    }
+                } else {
+                    const int64_t row0 = ((int64_t)table[i] * n_kv + h) * bs;
+                    for (int64_t j = 0; j < n; j += step) {
+                        ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, k, ks, row0 + j, 1, scale, s, ld,
+                                              work);
+                        for (int64_t r = 0; r < rows; r++)
+                            best = s[r * ld] > best ? s[r * ld] : best;
+                    }
+                }
+                scores[h * nblocks + i] = best;
+            }
+        }
+        free(base);
+    }
+}
+
+/* ---- the bound probe: a cheap upper bound picks candidates, an exact max scores them -------
+ * Semantics: kernels.h (attention_probe_bound). Per kv head: the query rows are split into
+ * their positive and negative parts, q = q+ + q-, so that for a block with channel-wise key
+ * maxima M and minima m, q+ . M + q- . m >= q . K[row] for every row (each channel's product
+ * is largest at M where q > 0 and at m where q < 0). Both parts are scored against the block's
+ * two bound rows with the q8 score primitive; the ncand best bounds, and every block that is
+ * not full (no bound yet), then get the exact max over all their rows. */
+void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                      int64_t hd, const void *k, const float *ks, int64_t bs,
+                                      const int8_t *bk, const float *bks, const int32_t *table,
+                                      const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                      float *scores, int nthreads)
+{
+    const int64_t rows = R * group;            /* query rows scored per kv head */
+    const int64_t Hq = n_kv * group;
+    const int64_t ld = (bs + 15) & ~(int64_t)15;
+    const int64_t ldb = (nblocks + 15) & ~(int64_t)15;
+    int nt = kernels_threads(nthreads);
+    if (nt > n_kv)
+        nt = (int)n_kv;
+    if (nblocks * n_kv * 2 + ncand * n_kv * bs < ATTN_PARALLEL_MIN_ROWS)
+        nt = 1;
+    /* Stage 1 scores a row of bounds per query row, stage 2 a slab: s holds the longer. */
+    const int64_t lds = ld > ldb ? ld : ldb;
+    struct probe_buffers sized;
+    const size_t scratch = ATTN_NAME(probe_layout)(&sized, NULL, rows, hd, lds, ld, nblocks, 1);
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        kernels_note_threads(KERNEL_PROBE_BOUND);
+        unsigned char *base = scratch_alloc(scratch);
+        struct probe_buffers buf;
+        ATTN_NAME(probe_layout)(&buf, base, rows, hd, lds, ld, nblocks, 1);
+        float *const qf = buf.qf, *const qpf = buf.qpf, *const qnf = buf.qnf;
+        int8_t *const qq = buf.qq, *const qqp = buf.qqp, *const qqn = buf.qqn;
+        float *const qd = buf.qd, *const qdp = buf.qdp, *const qdn = buf.qdn;
+        float *const s = buf.s, *const s2 = buf.s2;
+        int8_t *const hi = buf.hi, *const lo = buf.lo;   /* gathered max and min rows of the full blocks */
+        float *const his = buf.his, *const los = buf.los, *const bound = buf.bound, *const tmp = buf.tmp;
+        int64_t *const full = buf.full;
+        uint8_t *const mark = buf.mark;
+        int8_t *const work = buf.work;
+
+        #pragma omp for schedule(static)
+        for (int64_t h = 0; h < n_kv; h++) {
+            if (base == NULL) {   /* out of memory: NaN scores, not a crash */
+                for (int64_t i = 0; i < nblocks; i++)
+                    scores[h * nblocks + i] = NAN;
+                continue;
+            }
+            for (int64_t r = 0; r < R; r++)
+                memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
+            for (int64_t i = 0; i < rows * hd; i++) {
+                qpf[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
+                qnf[i] = qf[i] < 0.0f ? qf[i] : 0.0f;
+            }
+            attn_quantize_q(qpf, rows, hd, qqp, qdp);
+            attn_quantize_q(qnf, rows, hd, qqn, qdn);
+            if (kind != KV_F32)
+                attn_quantize_q(qf, rows, hd, qq, qd);
+
+            /* Stage 1: the full blocks' bound rows side by side, scored in one call per part (a
+             * call per block cost more than the dots: 2 rows is too short a slab). */
+            int64_t nfull = 0;
+            for (int64_t i = 0; i < nblocks; i++) {
+                mark[i] = 0;
+                bound[i] = -INFINITY;
+                if (count[i] != bs)
+                    continue;
+                const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
+                memcpy(hi + nfull * hd, bk + slab * hd, (size_t)hd);
+                memcpy(lo + nfull * hd, bk + (slab + 1) * hd, (size_t)hd);
+                his[nfull] = bks[slab];
+                los[nfull] = bks[slab + 1];
+                full[nfull++] = i;
+            }
+            if (nfull > 0) {
+                attn_scores_q8(qqp, qdp, rows, hd, hi, his, nfull, 1.0f, s, ldb);
+                attn_scores_q8(qqn, qdn, rows, hd, lo, los, nfull, 1.0f, s2, ldb);
+                for (int64_t f = 0; f < nfull; f++) {
+                    float best = -INFINITY;
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float b = s[r * ldb + f] + s2[r * ldb + f];   /* q+ . max + q- . min */
+                        best = b > best ? b : best;
+                    }
+                    bound[full[f]] = best;
+                }
+                mark_best(bound, NULL, nblocks, ncand < nfull ? ncand : nfull, mark, tmp);
+            }
+
+            /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
+            for (int64_t i = 0; i < nblocks; i++) {
+                float best = -INFINITY;
+                const int64_t n = count[i];
+                if ((mark[i] || n != bs) && n > 0) {
+                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, k, ks, ((int64_t)table[i] * n_kv + h) * bs,
+                                          n, scale, s, ld, work);
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float b = attn_max(s + r * ld, n);
+                        best = b > best ? b : best;
+                    }
+                }
+                scores[h * nblocks + i] = best;
+            }
+        }
+        free(base);
+    }
+}
