@@ -75,3 +75,30 @@ def test_profile_log_lines(tiny_qwen3_dir):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "[prefill] n=" in r.stderr and "[decode] n=" in r.stderr and "attn_ms=" in r.stderr
+
+
+def test_serve_names_the_port_in_use_and_the_flag():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run("serve", "--port", str(port), timeout=60)
+    assert r.returncode == 2
+    line = r.stderr.strip()
+    assert "\n" not in line and f"127.0.0.1:{port} is already in use" in line and "--port" in line
+
+
+def test_home_relative_model_paths_expand(tiny_qwen3_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from appliance import Engine
+    from appliance.config import load_settings
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_qwen3_dir, home / "models" / "tiny", ignore=shutil.ignore_patterns(".appliance-cache"))
+    monkeypatch.setenv("HOME", str(home))
+    assert Engine.load("~/models/tiny", progress=False).model_dir == home / "models" / "tiny"
+    settings_file = tmp_path / "appliance.yml"
+    settings_file.write_text("model: ~/models/tiny\n")
+    assert load_settings(str(settings_file), environ={}).model == str(home / "models" / "tiny")

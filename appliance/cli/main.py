@@ -31,22 +31,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message for --chat")
     g.add_argument("--image", action="append", default=[], metavar="FILE",
                    help="an image for --chat, placed before the text (repeatable; a vision model such as Qwen3-VL)")
-    g.add_argument("--max-tokens", type=positive_int, default=128)
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repetition-penalty", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=positive_int, default=128, metavar="N",
+                   help="tokens to generate at most (default 128)")
+    from_model = " (default: the model's generation_config.json, else %s)"
+    g.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="0 is greedy" + from_model % "1.0")
+    g.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling" + from_model % "1.0")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="0 is off" + from_model % "0")
+    g.add_argument("--min-p", type=float, default=None, metavar="P", help=from_model.strip() % "0.0")
+    g.add_argument("--repetition-penalty", type=float, default=None, metavar="R", help=from_model.strip() % "1.0")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode speed per context length")
     add_engine_arguments(b)
-    b.add_argument("--context", type=int_list, default=[128, 1024, 4096], help="e.g. 128,1024,4096")
-    b.add_argument("--gen", type=positive_int, default=32, help="tokens decoded per context")
-    b.add_argument("--repeat", type=positive_int, default=1, help="prefill repetitions (median)")
+    b.add_argument("--context", type=int_list, default=[128, 1024, 4096],
+                   help="prompt lengths to measure (default 128,1024,4096)")
+    b.add_argument("--gen", type=positive_int, default=32, help="tokens decoded per context (default 32)")
+    b.add_argument("--repeat", type=positive_int, default=1, help="prefill repetitions, median (default 1)")
     b.add_argument("--compare-exact", action="store_true",
                    help="with --sparse-attn: run exact attention too and print both side by side")
     b.add_argument("--json", action="store_true")

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import tempfile
 
@@ -33,6 +34,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, environ=None) -> Settings:
     return settings_from_flags(args, config_file=getattr(args, "config", None), environ=environ)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why the address cannot be bound (None: it can). gunicorn alone retries five times and
+    ends with "Can't connect", which names neither the cause nor the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as gunicorn binds
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def default_control_socket(settings: Settings) -> str:
@@ -136,6 +150,11 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ConfigError as e:
         print(f"appliance serve: {e}", file=sys.stderr)
+        return 2
+    taken = port_taken(settings.host, settings.port)
+    if taken:
+        print(f"appliance serve: {settings.host}:{settings.port} is already in use ({taken}); another "
+              f"server may be running there: stop it, or choose another port with --port", file=sys.stderr)
         return 2
     options = gunicorn_options(settings, getattr(args, "control_socket", None))
     server = _application_class()(settings, options)
