@@ -99,7 +99,7 @@ def _checks(k, rng):
         err = float(np.max(np.abs(a - b)))
         yield f"attention_{kind}", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
 
-    # Block-sparse attention: the prefill importance kept by the attention pass, and the bound probe.
+    # Block-sparse attention: the prefill importance kept by the attention pass, and both probes.
     from appliance.kernels.quant import quantize_bound_rows
     (kq, ks), (vq, vs) = quantize_kv_q8(kf), quantize_kv_q8(vf)
     imp = [np.zeros(ctx, np.float32), np.zeros(ctx, np.float32)]
@@ -107,6 +107,10 @@ def _checks(k, rng):
         k.attention_q8(queries, kq, ks, vq, vs, table, blockpos, count, qpos, scale, path=path, importance=acc)
     err = float(np.max(np.abs(imp[0] - imp[1])))
     yield "attention importance", err <= ATTENTION_ATOL and np.isfinite(imp[0]).all(), f"max abs err {err:.1e}"
+    a, b = (k.attention_probe("q8", queries, kq, ks, table, count, 8, scale, path=path)
+            for path in ("simd", "portable"))
+    err = float(np.max(np.abs(a - b)))
+    yield "attention_probe", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
     keys = kq.astype(np.float32) * ks[..., None]
     bk, bks = quantize_bound_rows(keys.max(axis=2), keys.min(axis=2))
     a, b = (k.attention_probe_bound("q8", queries, kq, ks, bk, bks, table, count, 2, scale, path=path)

@@ -3,13 +3,13 @@
     python sdot_report.py BUILD_DIR [--expect-path neon-dotprod|neon|portable|none|any]
 
 Counts them in each object file of the cross build (one per C source: the definitive answer to
-"which source holds them"), in the two extensions, and per function of appliance.kernels._kernels.
+"which source holds them"), in the extension, and per function of appliance.kernels._kernels.
 Outside kernels/arm/ a dot-product instruction means the compiler auto-vectorised plain C with
 sdot (the whole file is built with +dotprod): that code traps (SIGILL) on a CPU without dotprod
 although it claims to be portable. It is a WARNING for the kernel sources (portable.c,
-sparse_attention.c, kv_store.c: only reached once appliance.kernels.dispatch has accepted the CPU).
+sparse_select.c, kv_store.c: only reached once appliance.kernels.dispatch has accepted the CPU).
 The report fails (exit 1) when
-  * the Cython wrappers (kernels.pyx, kvops.pyx) or dispatch.c hold one: they run at import and
+  * the Cython wrappers (kernels.pyx) or dispatch.c hold one: they run at import and
     hold the runtime feature check itself, which must work on any aarch64 CPU;
   * --expect-path neon-dotprod and appliance.kernels._kernels holds none (the NEON path is not compiled);
   * --expect-path none/neon/portable and the build holds any (a dotprod-less build must not).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 OBJDUMP = "aarch64-linux-gnu-objdump"
 DOT = re.compile(r"^\s*[0-9a-f]+:\s+[0-9a-f]{8}\s+([su]dot)\s", re.M)
-IMPORT_TIME = {"kernels", "kvops", "dispatch"}   # objects of kernels.pyx, kvops.pyx, dispatch.c
+IMPORT_TIME = {"kernels", "dispatch"}   # objects of kernels.pyx (with its .pxi) and dispatch.c
 FUNC = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
 
 
@@ -76,7 +76,10 @@ def main() -> int:
                 warnings.append(what)
 
     totals = {}
-    for so in sorted((args.build / "appliance").glob("_*.cpython-*-aarch64-linux-gnu.so")):
+    extensions = sorted((args.build / "appliance" / "kernels").glob("_*.cpython-*-aarch64-linux-gnu.so"))
+    if not extensions:
+        problems.append(f"no aarch64 extension under {args.build}/appliance/kernels")
+    for so in extensions:
         text = disassemble(so)
         n = sum(count(text).values())
         totals[so.name.split(".")[0]] = n

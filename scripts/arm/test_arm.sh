@@ -8,7 +8,7 @@
 #   3. arm64 wheels from PyPI (numpy, tokenizers, jinja2, pytest, hypothesis, ...) at the versions
 #      the host's Python has, installed into the root's /opt/pydeps
 #   4. the host computes the tiny-model reference (transformers, numpy twin of the kernels)
-#   5. cross build_ext of appliance.kernels._kernels and appliance.kernels._kvops with the host Python's Cython and
+#   5. cross build_ext of appliance.kernels._kernels with the host Python's Cython and
 #      aarch64-linux-gnu-gcc; objdump counts the sdot instructions and says where they are
 #   6. under qemu-aarch64-static -cpu cortex-a76: kernel tests + tests/arm (path, bit-exact integer
 #      parts, tiny-model forward) and `appliance selftest`
@@ -117,7 +117,7 @@ REF_DIR=$WORK/reference
 "$HOST_PY" "$HERE/make_reference.py" --repo "$REPO" --out "$REF_DIR"
 REF_NPZ=$REF_DIR/reference.npz
 
-# cross_build DIR FLAGS: copy the tree to DIR and build both extensions for aarch64 there.
+# cross_build DIR FLAGS: copy the tree to DIR and build the extension for aarch64 there.
 SCD=$WORK/sysconfig
 mkdir -p "$SCD"
 cp "$ROOT"/usr/lib/python3.11/_sysconfigdata__linux_aarch64-linux-gnu.py "$SCD/"
@@ -131,10 +131,10 @@ cross_build() {
   else
     (cd "$REPO" && tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.so' -cf - .) | tar -xf - -C "$dir"
   fi
-  rm -f "$dir"/appliance/kernels/*.so "$dir"/appliance/*.so "$dir"/kernels/kernels.c "$dir"/kernels/kvops.c
+  rm -f "$dir"/appliance/kernels/*.so "$dir"/appliance/*.so "$dir"/kernels/kernels.c
   # The Cython output does not depend on the target flags: reuse it (newer than the .pyx, so
   # cythonize skips it) rather than generate it again.
-  if [ -n "$cython_from" ]; then cp -p "$cython_from"/kernels/kernels.c "$cython_from"/kernels/kvops.c "$dir"/kernels/; fi
+  if [ -n "$cython_from" ]; then cp -p "$cython_from"/kernels/kernels.c "$dir"/kernels/; fi
   # APPLIANCE_MARCH / APPLIANCE_PORTABLE of the caller's environment do not leak into the builds.
   (cd "$dir" && env -u APPLIANCE_MARCH -u APPLIANCE_PORTABLE \
     _PYTHON_HOST_PLATFORM=linux-aarch64 \
@@ -147,8 +147,8 @@ cross_build() {
     ${march:+APPLIANCE_MARCH="$march"} \
     "$HOST_PY" setup.py build_ext --inplace --parallel 2 > "$dir.build.log" 2>&1) \
     || { tail -40 "$dir.build.log"; die "cross build failed (log: $dir.build.log)"; }
-  ls "$dir"/appliance/kernels/_kernels.cpython-311-aarch64-linux-gnu.so "$dir"/appliance/kernels/_kvops.cpython-311-aarch64-linux-gnu.so \
-    >/dev/null || die "the cross build made no aarch64 extensions"
+  ls "$dir"/appliance/kernels/_kernels.cpython-311-aarch64-linux-gnu.so \
+    >/dev/null || die "the cross build made no aarch64 extension"
 }
 
 # qpy CPU [ENV=VAL ...] -- ARGS: the arm64 python under qemu-user, from build dir $BUILD.

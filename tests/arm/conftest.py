@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-# Functions of appliance.kernels._kernels that take path="simd"|"portable".
-PATHED = ("quantize_rows_q8", "gemm_q8", "gemm_q4", "rmsnorm", "rope", "silu_mul",
-          "attention_q8", "attention_q4", "attention_f32")
-
 
 @pytest.fixture(scope="session")
 def arm_reference():
@@ -33,14 +29,19 @@ def arm_reference():
 
 
 class _PortableKernels:
-    """appliance.kernels._kernels with every path-taking function pinned to the portable C path."""
+    """appliance.kernels._kernels with every function that takes path="simd"|"portable" pinned to
+    the portable C path (found by signature, so a new kernel cannot be missed)."""
 
     def __init__(self, real):
         self._real = real
+        self._pinned = {}
 
     def __getattr__(self, name):
-        fn = getattr(self._real, name)
-        return functools.partial(fn, path="portable") if name in PATHED else fn
+        if name not in self._pinned:
+            fn = getattr(self._real, name)
+            takes_path = callable(fn) and "path" in inspect.signature(fn).parameters
+            self._pinned[name] = functools.partial(fn, path="portable") if takes_path else fn
+        return self._pinned[name]
 
 
 @pytest.fixture

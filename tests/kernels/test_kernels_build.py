@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from appliance.kernels import _kernels as K
+from appliance.kernels import reference
 
 
 def _cpu_flags() -> set[str]:
@@ -60,6 +61,7 @@ def test_threads_roundtrip():
 def test_fp16_to_fp32_all_halves():
     bits = np.arange(1 << 16, dtype=np.uint16)
     want = bits.view(np.float16).astype(np.float32)
+    assert np.array_equal(reference.fp16_to_fp32(bits).view(np.uint32), want.view(np.uint32))   # the twin
     got = K.fp16_to_fp32(bits)
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
@@ -80,4 +82,5 @@ def test_fp32_to_fp16_rounds_like_numpy():
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
     assert np.array_equal(got, want)
+    assert np.array_equal(reference.fp32_to_fp16(x), want)                     # the twin
     assert np.isnan(K.fp32_to_fp16(np.array([np.nan], np.float32)).view(np.float16)[0])
