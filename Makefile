@@ -8,9 +8,10 @@ SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# pip's notes about this machine's unreachable find-links are not the project's business.
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-QUIET  := 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+# Installs print one line; pip's and setuptools' chatter goes to a log, shown only on failure.
+LOG    := $(VENV)/install.log
+QUIET  := >>$(LOG) 2>&1 || { cat $(LOG); exit 1; }
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
@@ -27,23 +28,28 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(RUN_STAMP): | $(PY)
-	$(PIP) install --upgrade pip setuptools wheel "cython>=3.0" numpy $(QUIET)
-	touch $@
+	@echo "setting up $(VENV): build tools"
+	@$(PIP) install --upgrade pip setuptools wheel "cython>=3.0" numpy $(QUIET)
+	@touch $@
 
 $(EDITABLE_STAMP): pyproject.toml $(RUN_STAMP)
-	$(PIP) install --no-build-isolation -e . $(QUIET)
-	touch $@
+	@echo "installing the appliance and its runtime dependencies, building the kernels (log: $(LOG))"
+	@$(PIP) install --no-build-isolation -e . $(QUIET)
+	@touch $@
 
-# Incremental: after the first build only changed sources recompile, and nothing when none did.
+# Only when a kernel source or setup.py changed since the last build; then --force, because
+# setuptools looks at the .c/.pyx files alone and would miss a changed header.
 $(BUILD_STAMP): $(KERNEL_SOURCES) $(EDITABLE_STAMP)
-	$(PY) setup.py -q build_ext --inplace
-	touch $@
+	@echo "building the kernels (their sources changed)"
+	@$(PY) setup.py -q build_ext --inplace --force $(QUIET)
+	@touch $@
 
 build: $(BUILD_STAMP)
 
 $(STAMP): requirements-test.txt $(EDITABLE_STAMP)
-	$(PIP) install -r requirements-test.txt $(QUIET)
-	touch $@
+	@echo "installing the test stack (requirements-test.txt)"
+	@$(PIP) install -r requirements-test.txt $(QUIET)
+	@touch $@
 
 setup: $(STAMP)
 

@@ -71,10 +71,15 @@ extension = Extension(
 
 # web/ (dashboard templates and static files) sits beside the package in the source tree and
 # ships inside it as appliance/web, where appliance.server looks for it once installed.
+DATA_PACKAGES = ["appliance.demo_model", "appliance.web", "appliance.web.templates", "appliance.web.static"]
+
 setup(
-    packages=find_packages(include=["appliance", "appliance.*"]) + ["appliance.web"],
+    # The data directories are packages too (demo model, dashboard files): named here, setuptools
+    # ships them without a "Package would be ignored" warning per directory.
+    packages=find_packages(include=["appliance", "appliance.*"]) + DATA_PACKAGES,
     package_dir={"appliance.web": "web"},
-    package_data={"appliance": ["demo_model/*"], "appliance.web": ["templates/*", "static/*"]},
+    package_data={"appliance.demo_model": ["*.json", "*.safetensors", "*.txt"],
+                  "appliance.web.templates": ["*"], "appliance.web.static": ["*"]},
     ext_modules=cythonize([extension], include_path=cython_include, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
 )
