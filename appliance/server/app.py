@@ -14,6 +14,7 @@ from pathlib import Path
 from flask import Flask
 
 from appliance.config import Settings, load_settings
+from appliance.server.access_log import AccessLog
 from appliance.server.errors import register_error_handlers
 from appliance.server.runtime import Runtime
 
@@ -53,5 +54,6 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(dashboard.bp)
 
+    app.wsgi_app = AccessLog(app.wsgi_app)
     runtime.start(engine=engine, background=True)
     return app
