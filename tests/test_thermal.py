@@ -133,3 +133,51 @@ def test_metrics_export_thermal(tmp_path):
     assert 'appliance_cpu_throttled{cpus="cpu0-3",policy="policy0"} 0.0' in text
     assert 'appliance_cpu_frequency_hertz{cpus="cpu6-7",policy="policy6"} 1.2e+09' in text
     assert "appliance_cpu_throttled_seconds_total" in text
+
+
+def test_sensors_that_vanish_or_turn_to_garbage_mid_run_read_unknown(tmp_path, caplog):
+    """The monitor's thread keeps sampling while zone and policy files disappear, hold garbage,
+    nan or inf, and /proc/stat is garbled: those values are unknown (None), nothing raises."""
+    import shutil
+    import time as clock
+
+    root = make_tree(tmp_path / "sys", "vendor")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4\ncpu0 10 0 10 100 0\ncpu4 50 0 50 10 0\n")
+    mon = ThermalMonitor(str(root), interval=0.05, proc_stat=str(stat)).start()
+    try:
+        first = mon.snapshot()
+        deadline = clock.monotonic() + 5
+        while (first is None or mon.snapshot() is first) and clock.monotonic() < deadline:
+            clock.sleep(0.02)
+            first = first or mon.snapshot()
+        zones = root / "class/thermal"
+        (zones / "thermal_zone0/temp").unlink()
+        (zones / "thermal_zone1/temp").write_text("garbage\n")
+        (zones / "thermal_zone2/temp").write_text("nan\n")
+        (zones / "thermal_zone3/temp").write_text("inf\n")
+        shutil.rmtree(zones / "thermal_zone4")
+        (root / "devices/system/cpu/cpufreq/policy4/scaling_cur_freq").write_text("\x00\xff\n")
+        shutil.rmtree(root / "devices/system/cpu/cpufreq/policy6")
+        stat.write_text("cpu0 x y z\ncpu4\n")
+        seen = mon.snapshot()
+        while mon.snapshot() is seen and clock.monotonic() < deadline + 5:
+            clock.sleep(0.02)
+        clock.sleep(0.2)
+        snap = mon.snapshot()
+    finally:
+        mon.stop()
+    temps = {z.name: z.temp_c for z in snap.zones}
+    assert temps["soc-thermal"] is None and temps["bigcore0-thermal"] is None
+    assert temps["bigcore1-thermal"] is None and temps["littlecore-thermal"] is None
+    assert "center-thermal" not in temps and temps["gpu-thermal"] is not None
+    policies = {p.name: p for p in snap.policies}
+    assert "policy6" not in policies and policies["policy4"].cur_hz is None
+    assert not [r for r in caplog.records if "thermal sample failed" in r.message]
+    from appliance.telemetry.metrics import Metrics
+    m = Metrics(process_metrics=False)
+    m.bind(thermal=mon.snapshot)
+    temps = [line for line in m.render()[0].decode().splitlines()
+             if line.startswith("appliance_thermal_zone_temperature_celsius{")]
+    assert temps and not [line for line in temps if 'zone="soc-thermal"' in line]   # unknown: no sample
+    assert all(float(line.rsplit(" ", 1)[1]) < 200 for line in temps)              # no nan, no inf

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import re
 import threading
@@ -105,13 +106,15 @@ def _read(path: str) -> str | None:
 
 
 def _read_number(path: str) -> float | None:
+    """A sysfs number, or None ("unknown") for a missing file, garbage, or nan/inf."""
     text = _read(path)
     if text is None:
         return None
     try:
-        return float(text.split()[0])
+        value = float(text.split()[0])
     except (ValueError, IndexError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def _parse_cpus(text: str | None) -> list[int]:
@@ -239,8 +242,11 @@ class CpuBusy:
             m = re.match(r"cpu(\d+)\s+(.*)", line)
             if not m:
                 continue
-            vals = [float(v) for v in m.group(2).split()]
-            idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)
+            try:
+                vals = [float(v) for v in m.group(2).split()]
+                idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)
+            except (ValueError, IndexError):      # a garbled line: that CPU is unknown this time
+                continue
             now[int(m.group(1))] = (sum(vals), idle)
         busy = set()
         for cpu, (total, idle) in now.items():
