@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Installs what the fleet tests need on a fresh Debian 12 machine (idempotent: a second
-# run installs nothing): Debian packages for the simulated boards and the monitoring
-# stack, ansible-core + ansible-lint in the venv, and the boards' wheelhouse.
+# run installs and downloads nothing): Debian packages for the lab and the static checks,
+# ansible-core + ansible-lint in the venv, the boards' wheelhouse and the Debian root the
+# simulated hosts boot (both cached outside the repository).
 #   scripts/ci/install_fleet_deps.sh          (root; VENV=.venv by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${VENV:-.venv}"
+CACHE=/var/cache/appliance-fleet
 
-# sshd: the boards; nginx: the load balancer; prometheus (+promtool), node_exporter;
-# systemd: systemd-analyze verify (not as init); build tools and python3-venv/-dev:
-# the boards build the kernels; python3-apt: Ansible's apt module; ccache: board builds;
-# vagrant: `vagrant validate`; iproute2 + util-linux: namespaces.
-PACKAGES=(openssh-server openssh-client nginx prometheus prometheus-node-exporter systemd
-          build-essential python3-dev python3-venv python3-apt python3-yaml ccache curl
-          iproute2 util-linux vagrant ca-certificates)
+# systemd-container: systemd-nspawn boots every lab host's own systemd; debootstrap: the
+# Debian root they boot; openssh-client: the controller; prometheus (promtool),
+# prometheus-alertmanager (amtool), node_exporter (the fake sysfs test), systemd
+# (systemd-analyze verify), vagrant (`vagrant validate`); iproute2 + util-linux:
+# namespaces, nsenter.
+PACKAGES=(systemd-container debootstrap openssh-client prometheus prometheus-alertmanager
+          prometheus-node-exporter systemd python3-yaml curl iproute2 util-linux vagrant
+          ca-certificates)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,12 +35,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import ansible, ansiblelint, yaml" >/dev/null 2>&1; then
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q install ansible-core ansible-lint pyyaml
+if ! "$VENV/bin/python" -c "import ansible, ansiblelint, yaml, jinja2" >/dev/null 2>&1; then
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install ansible-core ansible-lint pyyaml jinja2
 fi
 
 # The boards have no internet: their wheels come from this wheelhouse (stamped, so
 # unchanged requirements download nothing).
-scripts/lab/build_wheelhouse.sh "${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}" \
+scripts/lab/build_wheelhouse.sh "${FLEET_WHEELHOUSE:-$CACHE/wheelhouse}" \
   2>&1 | grep -v "^WARNING: Location" || true
+# The root file system every lab host boots (systemd, sshd, the boards' build tools and the
+# monitoring packages), stamped likewise.
+scripts/lab/build_rootfs.sh "${FLEET_ROOTFS:-$CACHE/rootfs}"
 echo "install_fleet_deps: ok (ansible-core $("$VENV/bin/python" -c 'import ansible.release as r; print(r.__version__)'))"

@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# A simulated fleet on one machine: N boards, a monitoring host and a load balancer,
-# each in its own network namespace with its own sshd, hostname, /srv (a per-host
-# directory), /run (tmpfs) and copy-on-write overlays of /etc /opt /usr/local /var/lib
-# /var/log, so users, units, configs and installs stay per host. A controller namespace
-# holds the bridge (10.78.0.1), runs ansible and serves the wheelhouse over HTTP.
-# The root namespace gets no addresses or routes; nothing here reaches the internet.
+# A simulated fleet on one machine: N boards, a monitoring host and a load balancer, each
+# a systemd-nspawn container that boots Debian's own systemd (PID 1, journald, dbus, sshd)
+# inside its own network namespace, from a copy-on-write layer over one Debian root
+# (scripts/lab/build_rootfs.sh). The roles therefore run against real systemd units:
+# hardening, cgroup memory limits, journald, restarts - what the boards run.
+# A controller namespace holds the bridge (10.78.0.1), runs ansible, serves the wheelhouse
+# over HTTP and records Alertmanager's webhook notifications. The root namespace gets no
+# addresses or routes; nothing here reaches the internet.
 #
 #   scripts/lab/lab_up.sh [N]          (default 3 boards)
 #   env: FLEET_LAB_DIR (default /tmp/fleet-lab, becomes a tmpfs of FLEET_LAB_TMPFS_SIZE=6g),
-#        FLEET_WHEELHOUSE (default /var/cache/appliance-fleet/wheelhouse, see build_wheelhouse.sh)
+#        FLEET_WHEELHOUSE (default /var/cache/appliance-fleet/wheelhouse, build_wheelhouse.sh),
+#        FLEET_ROOTFS (default /var/cache/appliance-fleet/rootfs, build_rootfs.sh)
 #
-# Writes ansible/inventories/lab/hosts.yml and $FLEET_LAB_DIR/lab.env; tear down
-# with scripts/lab/lab_down.sh (also safe after a partial start).
+# Writes ansible/inventories/lab/hosts.yml and $FLEET_LAB_DIR/lab.env; enter a host with
+# scripts/lab/lab_exec.sh HOST CMD; tear down with scripts/lab/lab_down.sh (also safe
+# after a partial start).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
 WHEELHOUSE=${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}
+ROOTFS_LINK=${FLEET_ROOTFS:-/var/cache/appliance-fleet/rootfs}
 N=${1:-3}
 P=flab                      # namespace prefix: flab-ctl, flab-board1, flab-mon, flab-lb
 NET=10.78.0                 # lab subnet, only inside the namespaces
 CTL=$P-ctl
+WEBHOOK_PORT=9095
+# The host has cgroup v1: nspawn mounts its memory controller read-only in the container.
+# Each host gets a memory cgroup of its own, delegated writable (what a host systemd's
+# Delegate= would do), so that the container's systemd enforces MemoryMax= itself.
+CGROUP=/sys/fs/cgroup/memory/$P
 
-[ "$(id -u)" = 0 ] || { echo "lab_up: needs root (network and mount namespaces)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "lab_up: needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
 [ "$N" -ge 1 ] && [ "$N" -le 9 ] || { echo "lab_up: 1..9 boards" >&2; exit 1; }
 if ip netns list | grep -q "^$P-"; then
   echo "lab_up: a lab is already up (ip netns list | grep $P-); run scripts/lab/lab_down.sh" >&2; exit 1
 fi
 [ -d "$WHEELHOUSE" ] || { echo "lab_up: no wheelhouse at $WHEELHOUSE (scripts/lab/build_wheelhouse.sh)" >&2; exit 1; }
-for tool in /usr/sbin/sshd ssh-keygen unshare; do
+"$REPO/scripts/lab/build_rootfs.sh" "$ROOTFS_LINK" --check >/dev/null
+ROOTFS=$(readlink -f "$ROOTFS_LINK")
+for tool in systemd-nspawn nsenter ssh-keygen unshare; do
   command -v "$tool" >/dev/null || { echo "lab_up: missing $tool (scripts/ci/install_fleet_deps.sh)" >&2; exit 1; }
 done
+[ -d /sys/fs/cgroup/memory ] || { echo "lab_up: no cgroup v1 memory controller at /sys/fs/cgroup/memory" >&2; exit 1; }
 
-# The lab lives in RAM: fast builds on the boards' overlays, and lab_down.sh frees it at once.
+# The lab lives in RAM: fast builds in the hosts' layers, and lab_down.sh frees it at once.
 mkdir -p "$LAB_DIR"
 if ! mountpoint -q "$LAB_DIR"; then
   mount -t tmpfs -o "size=${FLEET_LAB_TMPFS_SIZE:-6g},mode=755" fleet-lab "$LAB_DIR"
 fi
-mkdir -p "$LAB_DIR/ssh" "$LAB_DIR/hosts" "$LAB_DIR/cp"
+mkdir -p "$LAB_DIR/ssh" "$LAB_DIR/hosts" "$LAB_DIR/cp" "$LAB_DIR/webhook"
 [ -f "$LAB_DIR/ssh/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C fleet-lab -f "$LAB_DIR/ssh/id_ed25519"
-cp "$LAB_DIR/ssh/id_ed25519.pub" "$LAB_DIR/ssh/authorized_keys"
-: > "$LAB_DIR/empty_bashrc"
 
 # hosts: name address group
 HOSTS=()
@@ -54,7 +65,7 @@ ip -n "$CTL" link set br0 up
 
 start_host() {  # name address
   local name=$1 addr=$2 ns=$P-$1 hd=$LAB_DIR/hosts/$1
-  mkdir -p "$hd/srv" "$hd/upper" "$hd/work"
+  mkdir -p "$hd/srv" "$hd/upper" "$hd/work" "$hd/root"
   ip netns add "$ns"
   ip -n "$ns" link set lo up
   ip link add eth0 netns "$ns" type veth peer name "v-$name" netns "$CTL"
@@ -62,43 +73,49 @@ start_host() {  # name address
   ip -n "$ns" link set eth0 up
   ip -n "$ns" route add default via "$NET.1"
   ip -n "$CTL" link set "v-$name" master br0 up
-  [ -f "$hd/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$hd/ssh_host_ed25519_key"
-  cat > "$hd/sshd_config" <<CFG
-Port 22
-ListenAddress $addr
-HostKey $hd/ssh_host_ed25519_key
-PidFile $hd/sshd.pid
-AuthorizedKeysFile $LAB_DIR/ssh/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-MaxSessions 50
-MaxStartups 50
-Subsystem sftp internal-sftp
-LogLevel ERROR
-CFG
-  mkdir -p /run/sshd && /usr/sbin/sshd -t -f "$hd/sshd_config"
-  # Runs inside the host's own UTS + mount namespace, then becomes its sshd.
-  cat > "$hd/boot.sh" <<BOOT
-set -e
-hostname $name
-for d in etc opt usr/local var/lib var/log; do
-  mkdir -p "$hd/upper/\$d" "$hd/work/\$d"
-  mount -t overlay overlay -o "lowerdir=/\$d,upperdir=$hd/upper/\$d,workdir=$hd/work/\$d" "/\$d"
-done
-echo $name > /etc/hostname
-mount -t tmpfs -o mode=755 tmpfs /run
-mkdir -p /run/sshd
-mount --bind "$hd/srv" /srv
-# a developer's ~/.bashrc (pyenv init) costs ~0.5 s per ssh session: boards have none
-[ -f /root/.bashrc ] && mount --bind "$LAB_DIR/empty_bashrc" /root/.bashrc
-exec /usr/sbin/sshd -D -f "$hd/sshd_config" -E "$hd/sshd.log"
-BOOT
-  nohup setsid ip netns exec "$ns" unshare --uts --mount --propagation private sh "$hd/boot.sh" \
-    > "$hd/boot.log" 2>&1 &
-  echo $! > "$hd/launcher.pid"
+  # The host's own layer over the shared root: what it writes lands in $hd/upper.
+  mount -t overlay overlay -o "lowerdir=$ROOTFS,upperdir=$hd/upper,workdir=$hd/work" "$hd/root"
+  echo "$name" > "$hd/root/etc/hostname"
+  {
+    echo "127.0.0.1 localhost"
+    echo "127.0.1.1 $name"
+    for h in "${HOSTS[@]}"; do read -r n a _ <<< "$h"; echo "$a $n"; done
+  } > "$hd/root/etc/hosts"
+  od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$hd/root/etc/machine-id"
+  ssh-keygen -q -A -f "$hd/root"
+  install -d -m 700 "$hd/root/root/.ssh"
+  install -m 600 "$LAB_DIR/ssh/id_ed25519.pub" "$hd/root/root/.ssh/authorized_keys"
+  mkdir -p "$CGROUP/$name"
+  # --keep-unit --register=no: no systemd on this machine to register with; the container's
+  # console goes to console.log. /srv is a directory of this machine (the fake sysfs).
+  nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CGROUP/$name" \
+    systemd-nspawn --quiet --boot --register=no --keep-unit --machine="$name" --directory="$hd/root" \
+    --network-namespace-path="/run/netns/$ns" --bind="$hd/srv:/srv" --link-journal=no \
+    > "$hd/console.log" 2>&1 &
+  echo $! > "$hd/nspawn.pid"
+}
+
+wait_booted() {  # name
+  local name=$1 hd=$LAB_DIR/hosts/$1 leader="" state=""
+  for _ in $(seq 1 120); do
+    leader=$(pgrep -P "$(cat "$hd/nspawn.pid")" | head -1 || true)
+    if [ -n "$leader" ]; then
+      state=$(nsenter -t "$leader" -m -u -i -n -p -C systemctl is-system-running 2>/dev/null || true)
+      case "$state" in running|degraded) break ;; esac
+    fi
+    sleep 0.5
+  done
+  case "$state" in
+    running) ;;
+    degraded) echo "lab_up: $name booted degraded:" >&2
+              nsenter -t "$leader" -m -u -i -n -p -C systemctl --failed --no-legend >&2; return 1 ;;
+    *) echo "lab_up: $name did not boot (state '$state'); its console:" >&2; tail -n 30 "$hd/console.log" >&2
+       return 1 ;;
+  esac
+  echo "$leader" > "$hd/leader.pid"
+  # The delegated memory cgroup: writable, then systemd re-reads which controllers it may use.
+  nsenter -t "$leader" -m -u -i -n -p -C sh -c \
+    'mount -o remount,bind,rw /sys/fs/cgroup/memory && systemctl daemon-reexec'
 }
 
 for h in "${HOSTS[@]}"; do
@@ -108,11 +125,19 @@ for h in "${HOSTS[@]}"; do
     python3 "$REPO/scripts/lab/fake_sysfs.py" create "$LAB_DIR/hosts/$name/srv/fake-sysfs"
   fi
 done
+for h in "${HOSTS[@]}"; do
+  read -r name _ _ <<< "$h"
+  wait_booted "$name"
+done
 
-# The controller serves the wheelhouse to the boards (they have no other package source).
+# The controller serves the wheelhouse to the boards (they have no other package source)
+# and records what Alertmanager delivers.
 nohup setsid ip netns exec "$CTL" python3 -m http.server 8080 --bind "$NET.1" --directory "$WHEELHOUSE" \
   > "$LAB_DIR/wheelhouse_http.log" 2>&1 &
 echo $! > "$LAB_DIR/wheelhouse_http.pid"
+nohup setsid ip netns exec "$CTL" python3 "$REPO/scripts/lab/webhook_receiver.py" --bind "$NET.1" \
+  --port "$WEBHOOK_PORT" --dir "$LAB_DIR/webhook" > "$LAB_DIR/webhook_receiver.log" 2>&1 &
+echo $! > "$LAB_DIR/webhook_receiver.pid"
 
 # The project's rules with short `for:` for the lab's Prometheus (see inventories/lab).
 PY=python3; [ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
@@ -128,6 +153,7 @@ INV=$REPO/ansible/inventories/lab/hosts.yml
   echo "    ansible_ssh_private_key_file: $LAB_DIR/ssh/id_ed25519"
   echo "    fleet_lab_dir: $LAB_DIR"
   echo "    fleet_lab_controller: $NET.1"
+  echo "    fleet_lab_webhook: http://$NET.1:$WEBHOOK_PORT"
   echo "    ansible_control_path_dir: $LAB_DIR/cp"
   echo "  children:"
   for group in boards monitoring loadbalancer; do
@@ -147,22 +173,20 @@ INV=$REPO/ansible/inventories/lab/hosts.yml
   echo "FLEET_LAB_BOARDS=\"$(seq -s ' ' -f 'board%g' 1 "$N")\""
   echo "FLEET_LAB_LB=$NET.3"
   echo "FLEET_LAB_MON=$NET.2"
+  echo "FLEET_LAB_WEBHOOK=http://$NET.1:$WEBHOOK_PORT"
   echo "FLEET_LAB_INVENTORY=$INV"
 } > "$LAB_DIR/lab.env"
 
-# Wait for every sshd and for the wheelhouse server.
+# Wait for every sshd and for the controller's two servers.
+reachable() { ip netns exec "$CTL" bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
 for h in "${HOSTS[@]}"; do
   read -r name addr g <<< "$h"
-  for _ in $(seq 1 100); do
-    ip netns exec "$CTL" bash -c "exec 3<>/dev/tcp/$addr/22" 2>/dev/null && break
-    sleep 0.1
-  done
-  ip netns exec "$CTL" bash -c "exec 3<>/dev/tcp/$addr/22" 2>/dev/null \
-    || { echo "lab_up: sshd on $name did not come up:"; cat "$LAB_DIR/hosts/$name/boot.log" "$LAB_DIR/hosts/$name/sshd.log" 2>/dev/null; exit 1; } >&2
+  for _ in $(seq 1 100); do reachable "$addr" 22 && break; sleep 0.1; done
+  reachable "$addr" 22 || { echo "lab_up: sshd on $name does not answer; its console:" >&2
+                            tail -n 20 "$LAB_DIR/hosts/$name/console.log" >&2; exit 1; }
 done
-for _ in $(seq 1 50); do
-  ip netns exec "$CTL" bash -c "exec 3<>/dev/tcp/$NET.1/8080" 2>/dev/null && break
-  sleep 0.1
+for port in 8080 "$WEBHOOK_PORT"; do
+  for _ in $(seq 1 50); do reachable "$NET.1" "$port" && break; sleep 0.1; done
 done
-echo "lab up: $N boards + mon + lb in $LAB_DIR; inventory $INV"
+echo "lab up: $N boards + mon + lb (systemd-nspawn, $ROOTFS) in $LAB_DIR; inventory $INV"
 echo "run:    ip netns exec $CTL ansible-playbook -i $INV ansible/site.yml"

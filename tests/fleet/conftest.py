@@ -43,6 +43,38 @@ def run(argv, cwd=None, timeout=600, env=None, check=True) -> subprocess.Complet
     return proc
 
 
+def trusted(value):
+    """YAML data as Ansible would template it (ansible-core 2.19 renders trusted strings only)."""
+    try:
+        from ansible.template import trust_as_template
+    except ImportError:                       # older ansible-core renders every string
+        return value
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: trusted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    return value
+
+
+def render_role_template(role: str, template: str, *var_files: Path, **extra) -> str:
+    """A role's template rendered by Ansible's own templar, with the role's defaults, then
+    var_files (inventory group_vars, in order), then extra; no hosts involved."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+
+    import yaml
+    base = ANSIBLE_DIR / "roles" / role
+    variables = yaml.safe_load((base / "defaults" / "main.yml").read_text(encoding="utf-8")) or {}
+    for f in var_files:
+        variables.update(yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {})
+    variables.update(extra)
+    variables.setdefault("ansible_managed", "Ansible managed")
+    templar = Templar(loader=DataLoader(), variables=trusted(variables))
+    return templar.template(trusted((base / "templates" / template).read_text(encoding="utf-8")))
+
+
 def dashboard_queries(annotations: bool = True) -> list[tuple[str, str]]:
     """(panel title, expr) of every panel target (and of the alert annotation)."""
     board = json.loads(DASHBOARD.read_text(encoding="utf-8"))

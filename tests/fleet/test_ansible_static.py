@@ -18,7 +18,24 @@ def load(path):
 
 
 def test_the_required_roles_exist():
-    assert {"board", "appliance", "node_exporter", "prometheus", "grafana", "loadbalancer"} <= set(ROLES)
+    assert {"board", "appliance", "node_exporter", "prometheus", "alertmanager", "grafana",
+            "loadbalancer"} <= set(ROLES)
+
+
+def test_roles_have_one_path_systemd():
+    """No home-made service manager and no branch on one: every service goes through systemd."""
+    for path in ANSIBLE_DIR.rglob("*"):
+        if path.is_file() and path.suffix in (".yml", ".j2", ".py", ".cfg"):
+            text = path.read_text(encoding="utf-8")
+            assert "supervisor" not in text.lower(), f"{path} still refers to a supervisor"
+            assert not re.search(r"nginx -s|/etc/init.d|service\s+\w+\s+(start|restart)", text), path
+    modules = set()
+    for tasks in ANSIBLE_DIR.glob("roles/*/*/*.yml"):
+        for task in load(tasks) or []:
+            if isinstance(task, dict):
+                modules |= {k for k in task if k.startswith("ansible.builtin.")}
+    assert "ansible.builtin.systemd_service" in modules
+    assert not modules & {"ansible.builtin.service", "ansible.builtin.sysvinit"}, modules
 
 
 def test_ansible_lint_production_profile_is_clean():
@@ -54,12 +71,11 @@ def test_role_defaults_are_prefixed_and_documented(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_role_layout(role):
     base = ANSIBLE_DIR / "roles" / role
-    if role != "supervisor":
-        first = "main.yml"
-        while first != "preflight.yml":          # follow the first import: main -> (prepare ->) preflight
-            tasks = load(base / "tasks" / first)
-            first = tasks[0].get("ansible.builtin.import_tasks")
-            assert first, f"{role}: tasks/main.yml must start with the preflight checks"
+    first = "main.yml"
+    while first != "preflight.yml":              # follow the first import: main -> (prepare ->) preflight
+        tasks = load(base / "tasks" / first)
+        first = tasks[0].get("ansible.builtin.import_tasks")
+        assert first, f"{role}: tasks/main.yml must start with the preflight checks"
     for template in (base / "templates").glob("*.j2") if (base / "templates").exists() else []:
         head = template.read_text(encoding="utf-8").splitlines()[:3]
         assert any("{{ ansible_managed }}" in line for line in head), f"{template}: no ansible_managed header"
@@ -109,3 +125,70 @@ def test_vagrantfile_validates_and_names_existing_playbooks():
     config_files = re.findall(r'\.config_file\s*=\s*"([^"]+)"', text)
     for config_file in config_files:
         assert (REPO / config_file).is_file()
+
+
+def test_every_restart_of_the_appliance_is_a_rollout():
+    """site.yml reaches the boards only through rollout.yml; rollout.yml batches with the ramp
+    from vars/rollout.yml, stops at the first failure, drains before and undrains after."""
+    site = load(ANSIBLE_DIR / "site.yml")
+    board_plays = [p for p in site if "hosts" in p and "boards" in str(p["hosts"])]
+    assert not board_plays, "site.yml must not run a play of its own on the boards"
+    assert {"ansible.builtin.import_playbook": "rollout.yml"}.items() <= next(
+        p for p in site if "ansible.builtin.import_playbook" in p).items()
+    prepare, deploy = load(ANSIBLE_DIR / "rollout.yml")
+    defaults = load(ANSIBLE_DIR / "vars/rollout.yml")
+    assert defaults["fleet_rollout_batches"] == [1, "10%", "50%"]
+    assert prepare["max_fail_percentage"] == "{{ fleet_rollout_max_unreachable_percent }}"
+    assert "serial" not in prepare and deploy["serial"] == "{{ fleet_rollout_batches }}"
+    assert deploy["max_fail_percentage"] == 0
+    assert "vars/rollout.yml" in prepare["vars_files"] and "vars/rollout.yml" in deploy["vars_files"]
+    steps = [(t.get("ansible.builtin.include_role") or {}).get("tasks_from") for t in
+             deploy["pre_tasks"] + deploy["tasks"] + deploy["post_tasks"]]
+    assert [s for s in steps if s] == ["drain", "drain", "deploy", "drain"], steps
+    stop = deploy["post_tasks"][-1]
+    assert stop.get("any_errors_fatal") is True and "ansible.builtin.fail" in stop
+
+
+def test_the_deploy_rolls_back_on_a_failed_gate():
+    deploy = load(ANSIBLE_DIR / "roles/appliance/tasks/deploy.yml")
+    block = next(t for t in deploy if "block" in t)
+    imported = [t.get("ansible.builtin.import_tasks") for t in block["block"]]
+    assert imported.index("service.yml") < imported.index("verify.yml") < imported.index("cleanup.yml")
+    rescue = str(block["rescue"])
+    assert "rollback.yml" in rescue
+    rollback = load(ANSIBLE_DIR / "roles/appliance/tasks/rollback.yml")
+    assert "appliance_previous_release" in str(rollback) and "verify.yml" in str(rollback)
+
+
+def test_the_alertmanager_config_from_the_example_inventory_routes_by_severity(tmp_path):
+    """The role's template with the example inventory: amtool accepts it, and each severity
+    reaches the receiver the inventory names (the Watchdog its dead man's switch)."""
+    from conftest import render_role_template
+    amtool = tool("amtool")
+    group_vars = ANSIBLE_DIR / "inventories/example/group_vars/monitoring"
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(render_role_template("alertmanager", "alertmanager.yml.j2", group_vars / "main.yml",
+                                           group_vars / "vault.yml.example"))
+    text = config.read_text()
+    assert "replace-with-the-relay-password" in text and "pager.example.com" in text
+    run([amtool, "check-config", config])
+    for labels, receiver in [(["severity=critical", "alertname=FleetBoardsReadyLow"], "oncall"),
+                             (["severity=warning", "alertname=BoardDown"], "team"),
+                             (["severity=info", "alertname=BoardAttentionShareHigh"], "team"),
+                             (["severity=none", "alertname=Watchdog"], "deadmansswitch")]:
+        run([amtool, "config", "routes", "test", f"--config.file={config}", f"--verify.receivers={receiver}", *labels])
+    bad = run([amtool, "config", "routes", "test", f"--config.file={config}", "--verify.receivers=oncall",
+               "severity=warning"], check=False)
+    assert bad.returncode != 0, "a warning must not page"
+
+
+def test_the_fleet_thresholds_come_from_the_inventory(tmp_path):
+    from conftest import render_role_template
+    promtool = tool("promtool")
+    rules = tmp_path / "fleet-thresholds.yml"
+    rules.write_text(render_role_template("prometheus", "fleet-thresholds.yml.j2",
+                                          prometheus_fleet_min_ready_boards=7, prometheus_fleet_decode_p95_ms=180))
+    run([promtool, "check", "rules", rules])
+    records = {r["record"]: r["expr"] for g in load(rules)["groups"] for r in g["rules"]}
+    assert records == {"fleet:appliance_boards_ready:min_threshold": "vector(7)",
+                       "fleet:appliance_decode_ms_per_token_p95:max_threshold": "vector(180.0)"}

@@ -1,8 +1,9 @@
 """The small programs the fleet relies on, each on its own (no namespaces needed):
-the release archive, the supervisor, the fake sysfs under a real node_exporter, the
-lab's rule copy, the bench table."""
+the release archive, the load balancer's drain state, the fake sysfs under a real
+node_exporter, the lab's rule copy, its client loop and webhook recorder, the bench table."""
 from __future__ import annotations
 
+import base64
 import importlib.machinery
 import importlib.util
 import json
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -18,7 +20,7 @@ import yaml
 
 from conftest import ANSIBLE_DIR, MONITORING, REPO, run, tool
 
-SUPERVISOR = ANSIBLE_DIR / "roles/supervisor/files/fleet-supervisor"
+DRAIN_STATE = ANSIBLE_DIR / "roles/loadbalancer/filter_plugins/drain_state.py"
 
 
 def load_script(path, name):
@@ -63,64 +65,81 @@ def test_release_archive_is_reproducible_and_leaves_out_build_products(tmp_path)
     assert upgraded["release"] != first["release"] and upgraded["changed"]
 
 
-def test_supervisor_parses_units_like_systemd():
-    sup = load_script(SUPERVISOR, "fleet_supervisor")
-    assert sup.cpu_list("4-7") == {4, 5, 6, 7} and sup.cpu_list("0,2 5-6") == {0, 2, 5, 6}
-    assert sup.seconds("45") == 45 and sup.seconds("2min") == 120 and sup.seconds("500ms") == 0.5
+def slurped(state) -> dict:
+    if state is None:
+        return {"failed": True, "msg": "file not found: /var/lib/appliance-loadbalancer/drained.json",
+                "loadbalancer_target": "lb"}
+    return {"content": base64.b64encode(json.dumps(state).encode()).decode(), "loadbalancer_target": "lb"}
 
 
-def test_supervisor_runs_restarts_and_stops_a_unit(tmp_path):
-    """start (idempotent), a crash restarts it (Restart=on-failure), stop ends it."""
-    units, rundir, logdir = (tmp_path / d for d in ("units", "run", "log"))
-    units.mkdir()
-    marker = tmp_path / "starts"
-    script = tmp_path / "svc.py"
-    script.write_text(
-        "import os, time\n"
-        f"open({str(marker)!r}, 'a').write(os.environ['GREETING'] + '\\n')\n"
-        f"n = len(open({str(marker)!r}).read().splitlines())\n"
-        "time.sleep(0.3 if n == 1 else 60)\n"
-        "raise SystemExit(1 if n == 1 else 0)\n")
-    import pwd
-    user = pwd.getpwuid(os.getuid()).pw_name
-    (units / "demo.service").write_text(
-        "[Unit]\nDescription=demo\n\n[Service]\n"
-        f"ExecStart={sys.executable} {script}\n"
-        'Environment="GREETING=hello world"\n'
-        f"User={user}\n"
-        "Restart=on-failure\nRestartSec=0.2\nTimeoutStopSec=5\nCPUAffinity=0\n")
-    env = dict(os.environ, FLEET_SUPERVISOR_UNIT_DIRS=str(units), FLEET_SUPERVISOR_RUN_DIR=str(rundir),
-               FLEET_SUPERVISOR_LOG_DIR=str(logdir))
+def test_drain_state_keeps_what_the_operator_drained_and_returns_what_a_rollout_drained():
+    ds = load_script(DRAIN_STATE, "drain_state")
+    fresh = ds.drain_states([slurped(None)], {"lb": []}, now=100)
+    assert fresh == {"lb": {}} and ds.read_states([slurped(None)]) == {"lb": None}
+    drained = ds.drain_states([slurped({})], {"lb": ["board3"]}, drain=["board1"], now=100)["lb"]
+    assert drained == {"board1": {"since": 100, "by": "rollout"}, "board3": {"since": 100, "by": "operator"}}
+    later = ds.drain_states([slurped(drained)], {"lb": ["board3"]}, drain=["board1"], now=500)["lb"]
+    assert later == drained, "a board already out keeps the time it left"
+    back = ds.drain_states([slurped(drained)], {"lb": ["board3"]}, undrain=["board1", "board3"], now=600)["lb"]
+    assert back == {"board3": {"since": 100, "by": "operator"}}, "a rollout never returns the operator's boards"
+    released = ds.drain_states([slurped(back)], {"lb": []}, now=700)["lb"]
+    assert released == {}, "the operator's board comes back when it leaves loadbalancer_drained"
+    from ansible.errors import AnsibleFilterError
+    with pytest.raises(AnsibleFilterError, match="list of board names"):
+        ds.drain_states([slurped({})], {"lb": []}, drain="board1")
+    with pytest.raises(AnsibleFilterError, match="not JSON"):
+        ds.drain_states([{"content": base64.b64encode(b"{oops").decode(), "loadbalancer_target": "lb"}], {})
+    with pytest.raises(AnsibleFilterError, match="cannot read"):
+        ds.drain_states([{"failed": True, "msg": "Permission denied", "loadbalancer_target": "lb"}], {})
 
-    def sup(*args):
-        return subprocess.run([sys.executable, SUPERVISOR, *args], env=env, capture_output=True, text=True,
-                              timeout=30)
 
+def test_client_loop_counts_a_stream_the_server_stopped_as_cut():
+    client = load_script(REPO / "scripts/lab/client_loop.py", "client_loop")
+    chunk = 'data: {"choices":[{"delta":{"content":"x"},"finish_reason":null}]}'
+    whole = [chunk] * 3 + ['data: {"choices":[{"delta":{},"finish_reason":"length"}]}',
+                           'data: {"choices":[],"usage":{"completion_tokens":3}}', "data: [DONE]"]
+    assert client.check_stream(whole, 3) == 3
+    stopped = [chunk, 'data: {"error":{"code":"shutdown","message":"the server stopped"}}', "data: [DONE]"]
+    with pytest.raises(client.Cut, match="shutdown"):
+        client.check_stream(stopped, 3)
+    with pytest.raises(client.Cut, match="without \\[DONE\\]"):
+        client.check_stream([chunk, chunk], 3)
+    with pytest.raises(client.Cut, match="2 of 3"):
+        client.check_stream([chunk, chunk, 'data: {"choices":[{"delta":{},"finish_reason":"length"}]}',
+                             'data: {"choices":[],"usage":{"completion_tokens":2}}', "data: [DONE]"], 3)
+    with pytest.raises(client.Cut, match="stop"):
+        client.check_plain(b'{"choices":[{"finish_reason":"stop"}],"usage":{"completion_tokens":1}}', 3)
+
+
+def test_webhook_receiver_records_each_notification(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, REPO / "scripts/lab/webhook_receiver.py", "--port", str(port),
+                             "--dir", tmp_path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert "started" in sup("start", "demo").stdout
-        assert "already running" in sup("start", "demo").stdout
-        deadline = time.time() + 10
-        while time.time() < deadline and (not marker.exists() or len(marker.read_text().split()) < 4):
-            time.sleep(0.1)
-        assert marker.read_text().split() == ["hello", "world", "hello", "world"], "not restarted after a crash"
-        assert sup("status", "demo").returncode == 0
-        assert "stopped" in sup("stop", "demo").stdout
-        assert sup("status", "demo").returncode == 3
-        assert "exited rc=1" in (logdir / "demo.log").read_text()
+        for _ in range(50):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        for n in (1, 2):
+            body = json.dumps({"status": "firing", "alerts": [{"labels": {"alertname": f"A{n}"}}]}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/team", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            assert urllib.request.urlopen(req, timeout=5).status == 200
+        lines = [json.loads(l) for l in (tmp_path / "team.jsonl").read_text().splitlines()]
+        assert [l["payload"]["alerts"][0]["labels"]["alertname"] for l in lines] == ["A1", "A2"]
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/../x", data=b"{}", method="POST"))
     finally:
-        sup("stop", "demo")
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
-def test_verify_unit_rejects_unknown_keys(tmp_path):
-    tool("systemd-analyze")
-    good = tmp_path / "good"
-    good.write_text("[Service]\nExecStart=/bin/true\n")
-    bad = tmp_path / "bad"
-    bad.write_text("[Service]\nExecStart=/bin/true\nNoSuchKey=1\n")
-    ok = subprocess.run([sys.executable, SUPERVISOR, "verify-unit", good, "good.service"], capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    ko = subprocess.run([sys.executable, SUPERVISOR, "verify-unit", bad, "bad.service"], capture_output=True, text=True)
-    assert ko.returncode != 0 and "NoSuchKey" in ko.stderr
+def test_rootfs_check_reports_a_missing_tree(tmp_path):
+    proc = subprocess.run([REPO / "scripts/lab/build_rootfs.sh", tmp_path / "rootfs", "--check"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "missing or stale" in proc.stderr
 
 
 def scrape(port):
