@@ -73,21 +73,27 @@ struct attn_buffers {
     int8_t *qq, *work;
 };
 
-static size_t ATTN_NAME(attention_layout)(struct attn_buffers *b, unsigned char *base, int64_t R,
-                                          int64_t hd, int64_t ld, int64_t bs, int64_t nsel, int keep)
+/* This thread's driver scratch, laid out in *b (see attn_scratch); returns the allocation to free. */
+static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64_t R, int64_t hd, int64_t ld,
+                                                   int64_t bs, int64_t nsel, int keep)
 {
-    attn_scratch sc = {base, 0};
-    b->qf = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
-    b->qq = scratch_take(&sc, (size_t)(2 * R * hd));
-    b->qd = scratch_take(&sc, (size_t)(R * (hd / QK)) * sizeof(float));
-    b->acc = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
-    b->s = scratch_take(&sc, (size_t)(R * ld) * sizeof(float));
-    b->mx = scratch_take(&sc, (size_t)R * sizeof(float));
-    b->sum = scratch_take(&sc, (size_t)R * sizeof(float));
-    b->wkeep = scratch_take(&sc, keep ? (size_t)(R * nsel * bs) * sizeof(float) : 0);
-    b->shift = scratch_take(&sc, keep ? (size_t)(R * nsel) * sizeof(float) : 0);
-    b->work = scratch_take(&sc, (size_t)(bs * hd));
-    return sc.used;
+    unsigned char *base = NULL;
+    for (int carve = 0; carve < 2; carve++) {
+        attn_scratch sc = {base, 0};
+        b->qf = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
+        b->qq = scratch_take(&sc, (size_t)(2 * R * hd));
+        b->qd = scratch_take(&sc, (size_t)(R * (hd / QK)) * sizeof(float));
+        b->acc = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
+        b->s = scratch_take(&sc, (size_t)(R * ld) * sizeof(float));
+        b->mx = scratch_take(&sc, (size_t)R * sizeof(float));
+        b->sum = scratch_take(&sc, (size_t)R * sizeof(float));
+        b->wkeep = scratch_take(&sc, keep ? (size_t)(R * nsel * bs) * sizeof(float) : 0);
+        b->shift = scratch_take(&sc, keep ? (size_t)(R * nsel) * sizeof(float) : 0);
+        b->work = scratch_take(&sc, (size_t)(bs * hd));
+        if (!carve)
+            base = scratch_alloc(sc.used);
+    }
+    return base;
 }
 
 static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
@@ -122,9 +128,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     const int64_t scales_per_row = kind == KV_Q4 ? nb : 1;      /* q8: per row, q4: per 32-block */
     const int64_t ld = (bs + 15) & ~(int64_t)15;
     const int64_t per_unit = nsel * bs;
-    const int keep = importance != NULL;
-    struct attn_buffers sized;
-    const size_t scratch = ATTN_NAME(attention_layout)(&sized, NULL, R, hd, ld, bs, nsel, keep);
+    const int keep = importance != NULL;   /* fixed here: importance is dropped if contrib fails */
     /* Units per wave: their contrib slices take at most 8 MB, whatever the thread count. */
     int64_t wave = nunits;
     float *contrib = NULL;
@@ -143,9 +147,8 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         kernels_note_threads(KERNEL_ATTENTION);
-        unsigned char *base = scratch_alloc(scratch);
         struct attn_buffers buf;
-        ATTN_NAME(attention_layout)(&buf, base, R, hd, ld, bs, nsel, keep);
+        unsigned char *base = ATTN_NAME(attention_scratch)(&buf, R, hd, ld, bs, nsel, keep);
         float *const qf = buf.qf, *const qd = buf.qd, *const acc = buf.acc, *const s = buf.s;
         float *const mx = buf.mx, *const sum = buf.sum, *const wkeep = buf.wkeep, *const shift = buf.shift;
         int8_t *const qq = buf.qq, *const work = buf.work;

@@ -27,9 +27,9 @@
 #define ATTN_PARALLEL_MIN_ROWS 2048
 
 /* A thread's scratch, carved from one 64-byte aligned allocation. Each kernel lists its buffers
- * once, in a layout function that calls scratch_take for each of them: on base NULL it only
- * measures (the size every thread then allocates), on a thread's allocation it hands out the
- * slices, 64-byte aligned. */
+ * once, scratch_take for each, in a loop of two passes: the first (base NULL) only measures and
+ * allocates that size, the second hands out the slices, 64-byte aligned. Out of memory, every
+ * slice is NULL and the kernel writes NaN where its results go. */
 typedef struct {
     unsigned char *base;
     size_t used;

@@ -17,44 +17,74 @@ struct probe_buffers {
     uint8_t *mark;
 };
 
-static size_t ATTN_NAME(probe_layout)(struct probe_buffers *b, unsigned char *base, int64_t rows,
-                                      int64_t hd, int64_t ld, int64_t wrows, int64_t nblocks, int bound)
+/* This thread's probe scratch, laid out in *b (see attn_scratch); returns the allocation to free. */
+static unsigned char *ATTN_NAME(probe_scratch)(struct probe_buffers *b, int64_t rows, int64_t hd, int64_t ld,
+                                               int64_t wrows, int64_t nblocks, int bound)
 {
-    attn_scratch sc = {base, 0};
     const size_t q_bytes = (size_t)(rows * hd) * sizeof(float);
     const size_t qq_bytes = (size_t)(2 * rows * hd);
     const size_t qd_bytes = (size_t)(rows * (hd / QK)) * sizeof(float);
     const size_t s_bytes = (size_t)(rows * ld) * sizeof(float);
     const size_t per_block = bound ? (size_t)nblocks : 0;
-    b->qf = scratch_take(&sc, q_bytes);
-    b->qpf = scratch_take(&sc, bound ? q_bytes : 0);
-    b->qnf = scratch_take(&sc, bound ? q_bytes : 0);
-    b->qq = scratch_take(&sc, qq_bytes);
-    b->qqp = scratch_take(&sc, bound ? qq_bytes : 0);
-    b->qqn = scratch_take(&sc, bound ? qq_bytes : 0);
-    b->qd = scratch_take(&sc, qd_bytes);
-    b->qdp = scratch_take(&sc, bound ? qd_bytes : 0);
-    b->qdn = scratch_take(&sc, bound ? qd_bytes : 0);
-    b->s = scratch_take(&sc, s_bytes);
-    b->s2 = scratch_take(&sc, bound ? s_bytes : 0);
-    b->hi = scratch_take(&sc, per_block * (size_t)hd);
-    b->lo = scratch_take(&sc, per_block * (size_t)hd);
-    b->his = scratch_take(&sc, per_block * sizeof(float));
-    b->los = scratch_take(&sc, per_block * sizeof(float));
-    b->bound = scratch_take(&sc, per_block * sizeof(float));
-    b->tmp = scratch_take(&sc, per_block * sizeof(float));
-    b->full = scratch_take(&sc, per_block * sizeof(int64_t));
-    b->mark = scratch_take(&sc, per_block);
-    b->work = scratch_take(&sc, (size_t)(wrows * hd));
-    return sc.used;
+    unsigned char *base = NULL;
+    for (int carve = 0; carve < 2; carve++) {
+        attn_scratch sc = {base, 0};
+        b->qf = scratch_take(&sc, q_bytes);
+        b->qpf = scratch_take(&sc, bound ? q_bytes : 0);
+        b->qnf = scratch_take(&sc, bound ? q_bytes : 0);
+        b->qq = scratch_take(&sc, qq_bytes);
+        b->qqp = scratch_take(&sc, bound ? qq_bytes : 0);
+        b->qqn = scratch_take(&sc, bound ? qq_bytes : 0);
+        b->qd = scratch_take(&sc, qd_bytes);
+        b->qdp = scratch_take(&sc, bound ? qd_bytes : 0);
+        b->qdn = scratch_take(&sc, bound ? qd_bytes : 0);
+        b->s = scratch_take(&sc, s_bytes);
+        b->s2 = scratch_take(&sc, bound ? s_bytes : 0);
+        b->hi = scratch_take(&sc, per_block * (size_t)hd);
+        b->lo = scratch_take(&sc, per_block * (size_t)hd);
+        b->his = scratch_take(&sc, per_block * sizeof(float));
+        b->los = scratch_take(&sc, per_block * sizeof(float));
+        b->bound = scratch_take(&sc, per_block * sizeof(float));
+        b->tmp = scratch_take(&sc, per_block * sizeof(float));
+        b->full = scratch_take(&sc, per_block * sizeof(int64_t));
+        b->mark = scratch_take(&sc, per_block);
+        b->work = scratch_take(&sc, (size_t)(wrows * hd));
+        if (!carve)
+            base = scratch_alloc(sc.used);
+    }
+    return base;
+}
+
+/* Threads of a probe, parallel over n_kv heads, that scans about `scanned` K rows in all. */
+static inline int probe_threads(int nthreads, int64_t n_kv, int64_t scanned)
+{
+    const int nt = kernels_threads(nthreads);
+    if (scanned < ATTN_PARALLEL_MIN_ROWS)
+        return 1;
+    return nt > n_kv ? (int)n_kv : nt;
+}
+
+/* Start kv head h: gather its query rows of q float[R, n_kv*group, hd] into qf float[R*group, hd].
+ * Without scratch (qf NULL: out of memory) its scores are NaN instead, not a crash, and 0 says
+ * to skip the head. */
+static inline int probe_head(const float *q, int64_t R, int64_t n_kv, int64_t group, int64_t hd, int64_t h,
+                             float *qf, float *scores, int64_t nblocks)
+{
+    if (qf == NULL) {
+        for (int64_t i = 0; i < nblocks; i++)
+            scores[h * nblocks + i] = NAN;
+        return 0;
+    }
+    for (int64_t r = 0; r < R; r++)
+        memcpy(qf + r * group * hd, q + (r * n_kv + h) * group * hd, (size_t)(group * hd) * sizeof(float));
+    return 1;
 }
 
 /* ---- the strided probe ------------------------------------------------------------------
- * Here the scores come from this path's
- * attn_scores_* primitive: a full block's sampled rows are one contiguous run of pbs rows in
- * the compact copy pk, scored in one call like a short slab, and so is a whole slab when every
- * row is sampled (step 1); other blocks score their sampled rows one at a time. Parallel over
- * kv heads. */
+ * The scores come from this path's attn_scores_* primitive: a full block's sampled rows are one
+ * contiguous run of pbs rows in the compact copy pk, scored in one call like a short slab, and so
+ * is a whole slab when every row is sampled (step 1); other blocks score their sampled rows one
+ * at a time. Parallel over kv heads. */
 static void ATTN_NAME(probe_rows)(int kind, const int8_t *qq, const float *qd, const float *qf,
                                   int64_t rows, int64_t hd, const void *k, const float *ks,
                                   int64_t row0, int64_t m, float scale, float *s, int64_t ld,
@@ -75,36 +105,23 @@ void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_k
                                 int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
 {
     const int64_t rows = R * group;            /* query rows scored per kv head */
-    const int64_t Hq = n_kv * group;
     const int64_t ld = ((bs > pbs ? bs : pbs) + 15) & ~(int64_t)15;
     if (probe < 1)
         probe = 1;
-    int nt = kernels_threads(nthreads);
-    if (nt > n_kv)
-        nt = (int)n_kv;
-    if (nblocks * n_kv * probe < ATTN_PARALLEL_MIN_ROWS)
-        nt = 1;
-    struct probe_buffers sized;
-    const size_t scratch = ATTN_NAME(probe_layout)(&sized, NULL, rows, hd, ld, ld, nblocks, 0);
+    const int nt = probe_threads(nthreads, n_kv, nblocks * n_kv * probe);
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         kernels_note_threads(KERNEL_PROBE);
-        unsigned char *base = scratch_alloc(scratch);
         struct probe_buffers buf;
-        ATTN_NAME(probe_layout)(&buf, base, rows, hd, ld, ld, nblocks, 0);
+        unsigned char *base = ATTN_NAME(probe_scratch)(&buf, rows, hd, ld, ld, nblocks, 0);
         float *const qf = buf.qf, *const qd = buf.qd, *const s = buf.s;
         int8_t *const qq = buf.qq, *const work = buf.work;
 
         #pragma omp for schedule(static)
         for (int64_t h = 0; h < n_kv; h++) {
-            if (base == NULL) {   /* out of memory: NaN scores, not a crash */
-                for (int64_t i = 0; i < nblocks; i++)
-                    scores[h * nblocks + i] = NAN;
+            if (!probe_head(q, R, n_kv, group, hd, h, qf, scores, nblocks))
                 continue;
-            }
-            for (int64_t r = 0; r < R; r++)
-                memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
             if (kind != KV_F32)
                 attn_quantize_q(qf, rows, hd, qq, qd);
             for (int64_t i = 0; i < nblocks; i++) {
@@ -152,25 +169,17 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
                                       float *scores, int nthreads)
 {
     const int64_t rows = R * group;            /* query rows scored per kv head */
-    const int64_t Hq = n_kv * group;
     const int64_t ld = (bs + 15) & ~(int64_t)15;
     const int64_t ldb = (nblocks + 15) & ~(int64_t)15;
-    int nt = kernels_threads(nthreads);
-    if (nt > n_kv)
-        nt = (int)n_kv;
-    if (nblocks * n_kv * 2 + ncand * n_kv * bs < ATTN_PARALLEL_MIN_ROWS)
-        nt = 1;
+    const int nt = probe_threads(nthreads, n_kv, nblocks * n_kv * 2 + ncand * n_kv * bs);
     /* Stage 1 scores a row of bounds per query row, stage 2 a slab: s holds the longer. */
     const int64_t lds = ld > ldb ? ld : ldb;
-    struct probe_buffers sized;
-    const size_t scratch = ATTN_NAME(probe_layout)(&sized, NULL, rows, hd, lds, ld, nblocks, 1);
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         kernels_note_threads(KERNEL_PROBE_BOUND);
-        unsigned char *base = scratch_alloc(scratch);
         struct probe_buffers buf;
-        ATTN_NAME(probe_layout)(&buf, base, rows, hd, lds, ld, nblocks, 1);
+        unsigned char *base = ATTN_NAME(probe_scratch)(&buf, rows, hd, lds, ld, nblocks, 1);
         float *const qf = buf.qf, *const qpf = buf.qpf, *const qnf = buf.qnf;
         int8_t *const qq = buf.qq, *const qqp = buf.qqp, *const qqn = buf.qqn;
         float *const qd = buf.qd, *const qdp = buf.qdp, *const qdn = buf.qdn;
@@ -183,13 +192,8 @@ void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64
 
         #pragma omp for schedule(static)
         for (int64_t h = 0; h < n_kv; h++) {
-            if (base == NULL) {   /* out of memory: NaN scores, not a crash */
-                for (int64_t i = 0; i < nblocks; i++)
-                    scores[h * nblocks + i] = NAN;
+            if (!probe_head(q, R, n_kv, group, hd, h, qf, scores, nblocks))
                 continue;
-            }
-            for (int64_t r = 0; r < R; r++)
-                memcpy(qf + r * group * hd, q + (r * Hq + h * group) * hd, (size_t)(group * hd) * sizeof(float));
             for (int64_t i = 0; i < rows * hd; i++) {
                 qpf[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
                 qnf[i] = qf[i] < 0.0f ? qf[i] : 0.0f;

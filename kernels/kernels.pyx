@@ -7,7 +7,7 @@ plain-C version only (kv.pxi). Each wrapper validates shapes, dtypes and contigu
 call raises ValueError, it never reaches C), then releases the GIL for the kernel.
 `threads=0` means the module default, set_threads(n); every parallel kernel takes it.
 appliance/kernels/reference.py is the numpy twin of this module, function for function.
-Integer weights/activations must lie in [-127, 127], which is what appliance.quant and
+Integer weights/activations must lie in [-127, 127], which is what appliance.kernels.quant and
 quantize_rows_q8 produce (the SIMD dot products rely on it).
 """
 import numpy as np

@@ -13,8 +13,8 @@ from appliance.errors import ApplianceError
 
 def _load():
     if os.environ.get("APPLIANCE_KERNELS") == "numpy":
-        from appliance.kernels import reference as reference_ops
-        return reference_ops
+        from appliance.kernels import reference
+        return reference
     try:
         from appliance.kernels import _kernels
     except ImportError as e:

@@ -1,4 +1,4 @@
-"""quantize_rows_q8 (bit-exact) and the Q8_0 / Q4_0 GEMM/GEMV against appliance.quant."""
+"""quantize_rows_q8 (bit-exact) and the Q8_0 / Q4_0 GEMM/GEMV against appliance.kernels.quant."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -149,7 +149,7 @@ def test_bad_arguments_raise():
 
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
 def test_kv_store_equals_numpy_reference(kind):
-    """The C cache write equals appliance.quant's definition bit for bit."""
+    """The C cache write equals the numpy twin's (appliance.kernels.quant's formats) bit for bit."""
     from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
     rng = np.random.default_rng(5)
     fast = PagedKVCache(2, 2, 64, kind=kind, block_size=32, capacity_tokens=256)
