@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -30,6 +31,8 @@ from appliance.options import KV_FORMATS, PROBE_MODES, WEIGHT_FORMATS, SparseCon
 
 ENV_PREFIX = "APPLIANCE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+REASONING_PARSERS = ("qwen3", "none")
+JSON_OBJECT_KEYS = ("chat_template_kwargs",)     # a JSON object as text (a YAML mapping in the file)
 PATH_KEYS = ("model", "sysfs_root")       # "~/models/..." means the user's home, as in a shell
 _SPARSE = SparseConfig()          # sparse attention's defaults
 
@@ -82,6 +85,16 @@ class Settings:
     image_url_hosts: str | None = setting(None, "comma-separated hosts an image_url may fetch from "
                                                 "(\"camera.local,*.lan\"); default: inline data: URLs only",
                                           metavar="HOSTS")
+    served_model_name: str | None = setting(None, "names the API answers to, comma-separated; the first is the one "
+                                                  "reported (default: the model directory's name)",
+                                            metavar="NAME[,ALIAS...]")
+    chat_template_kwargs: str | None = setting(None, "JSON object passed to the chat template of every request, "
+                                                     "under the request's own: '{\"enable_thinking\": false}' "
+                                                     "turns Qwen3's thinking off", metavar="JSON")
+    max_thinking_tokens: int | None = setting(None, "close a reply's thought after N tokens and let it answer "
+                                                    "(requests may set their own)", low=0, metavar="N")
+    reasoning_parser: str = setting("qwen3", "split <think> reasoning into reasoning_content (qwen3), or keep "
+                                             "the raw text in content (none)", choices=REASONING_PARSERS)
     sysfs_root: str = setting("/sys", "sysfs root the thermal watch reads (tests point it at a fake tree)",
                               flag=False)
     thermal_interval: float = setting(1.0, "seconds between thermal samples", positive=True, unit="seconds",
@@ -167,6 +180,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return _as_float(key, value, source)
     if kind.startswith("bool"):
         return _as_bool(key, value, source)
+    if key in JSON_OBJECT_KEYS and isinstance(value, dict):
+        return json.dumps(value)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"{key} ({source}): expected a string, got {value!r}")
     return os.path.expanduser(str(value)) if key in PATH_KEYS else str(value)
@@ -215,6 +230,15 @@ def validate(s: Settings) -> Settings:
         raise ConfigError("host: must not be empty")
     if s.api_key is not None and len(s.api_key) < 8:
         raise ConfigError("api_key: use at least 8 characters")
+    for key in JSON_OBJECT_KEYS:
+        text = getattr(s, key)
+        if text is not None:
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                raise ConfigError(f"{key}: not JSON ({e})") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a JSON object, got {text!r}")
     if s.model is not None and not os.path.isdir(s.model):
         raise ConfigError(f"model: {s.model!r} is not a directory")
     return s

@@ -65,8 +65,8 @@ class Sequence:
         self.output_ids: list[int] = []
         self.params = params
         self.blocks = SequenceBlocks()
-        self.sampler = Sampler(params, self.prompt_ids)
-        self.text = TextStream(tokenizer, tuple(params.stop))
+        self.sampler = Sampler(params, self.prompt_ids, tokenizer)
+        self.text = TextStream(tokenizer, tuple(params.stop), params.min_tokens)
         self.finish_reason: str | None = None
         self.prefilled = False
         self.vision = None        # a multimodal family's image state (None: text only)
@@ -428,7 +428,7 @@ class Engine:
                 best = np.argsort(-lp, kind="stable")[: p.logprobs]
                 top = [(int(t), self.tokenizer.decode([int(t)], skip_special_tokens=False), float(lp[t]))
                        for t in best]
-        is_eos = token in self.tokenizer.eos_token_ids and not p.ignore_eos
+        is_eos = (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
         text = "" if is_eos else seq.text.push(token)
         if is_eos or seq.text.stopped:
             seq.finish_reason = "stop"

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from appliance.engine import logits as logits_processing
+
 
 @dataclass
 class SamplingParams:
@@ -18,11 +20,23 @@ class SamplingParams:
     stop: tuple[str, ...] | list[str] = ()
     logprobs: int | None = None     # None: none; n: the chosen token's plus the n most likely
     ignore_eos: bool = False
+    presence_penalty: float = 0.0   # OpenAI's, over generated tokens
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None      # token id -> added to its logit
+    min_tokens: int = 0             # EOS, stop_token_ids and stop strings wait this long
+    stop_token_ids: tuple[int, ...] | list[int] = ()
+    max_thinking_tokens: int | None = None          # the thought is closed after this many tokens
+    # None: no thought handling; "allowed": the model may open a thought with its first token;
+    # "open": the prompt opened it (engine/logits.py)
+    thinking: str | None = None
+    grammar: object = None          # an appliance.engine.grammar.Grammar the output must match
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = tuple(s for s in self.stop if s)
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        bias = self.logit_bias or {}
         checks = [
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
             (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
@@ -31,10 +45,20 @@ class SamplingParams:
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
             (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
+            (all(int(k) >= 0 and -100.0 <= v <= 100.0 for k, v in bias.items()),
+             "logit_bias maps token ids (>= 0) to values between -100 and 100"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens must be between 0 and max_tokens"),
+            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)"),
+            (self.max_thinking_tokens is None or self.max_thinking_tokens >= 0,
+             "max_thinking_tokens must be >= 0"),
+            (self.thinking in (None, "allowed", "open"), "thinking must be None, 'allowed' or 'open'"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self.logit_bias = {int(k): float(v) for k, v in bias.items()} or None
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -44,26 +68,39 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    """Per-sequence sampling state: its random generator (seeded) and the tokens seen so far."""
+    """Per-sequence sampling: its random generator (seeded) and the logit processors its
+    request asked for (engine/logits.py), run on the sequence's own row of logits."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: list[int]):
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], tokenizer=None):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
-        self.seen = set(prompt_ids)
+        self.processors = logits_processing.build(params, prompt_ids, tokenizer)
 
     def __call__(self, logits: np.ndarray) -> int:
-        p = self.params
         x = logits.astype(np.float32, copy=True)
-        if p.repetition_penalty != 1.0 and self.seen:
-            idx = np.fromiter(self.seen, dtype=np.intp)
-            vals = x[idx]
-            x[idx] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if p.temperature == 0.0:
-            token = int(np.argmax(x))
-        else:
-            token = self._sample(x / np.float32(p.temperature))
-        self.seen.add(token)
+        token = self._process(x, logits) if self.processors else None
+        if token is None:
+            token = int(np.argmax(x)) if self.params.temperature == 0.0 else \
+                self._sample(x / np.float32(self.params.temperature))
+        for proc in self.processors:
+            proc.accept(token)
         return token
+
+    def _process(self, x: np.ndarray, raw: np.ndarray) -> int | None:
+        """Run the processors on x in place; a token when one of them forces it."""
+        for proc in self.processors:
+            forced = proc.apply(x)
+            if forced is not None:
+                return int(forced)
+        if x.max() == -np.inf:
+            # the soft processors banned every token the hard ones allow: the hard ones decide alone
+            x[:] = raw
+            for proc in self.processors:
+                if proc.hard:
+                    proc.apply(x)
+            if x.max() == -np.inf:
+                return int(np.argmax(raw))
+        return None
 
     def _sample(self, x: np.ndarray) -> int:
         p = self.params
@@ -92,11 +129,13 @@ class TextStream:
 
     Text is released only when it is final: not an incomplete UTF-8 sequence, and
     not a tail that could still grow into a stop string. When a stop string
-    appears, the text before it is released and the stream is finished.
+    appears, the text before it is released and the stream is finished. Stop strings
+    are looked for only once min_tokens tokens are in (vLLM's min_tokens).
     """
 
     tokenizer: object
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
     ids: list[int] = field(default_factory=list)
     emitted: int = 0          # characters of the decoded text already released
     stopped: bool = False
@@ -106,6 +145,10 @@ class TextStream:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
+        if len(self.ids) < self.min_tokens:
+            delta = text[self.emitted:]
+            self.emitted = len(text)
+            return delta
         for s in self.stop:
             at = text.find(s, max(0, self.emitted - len(s) + 1))
             if at != -1:

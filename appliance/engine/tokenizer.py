@@ -12,12 +12,20 @@ from tokenizers import Tokenizer as HFTokenizer
 from appliance.errors import ApplianceError, ModelLoadError
 
 
+THINK_START, THINK_END = "<think>", "</think>"
+
+
 class ChatTemplateError(ApplianceError, ValueError):
     """The chat template refused the messages (e.g. a role it does not know)."""
 
 
 def _raise_exception(message):
     raise TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' filter (Jinja's own escapes HTML characters), so tool schemas render alike
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class Tokenizer:
@@ -48,8 +56,7 @@ class Tokenizer:
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-                x, indent=indent, ensure_ascii=ensure_ascii)
+            env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             try:
@@ -62,6 +69,10 @@ class Tokenizer:
         if self.eos_token and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.path = path
+        start, end = self.token_to_id(THINK_START), self.token_to_id(THINK_END)
+        # (id of <think>, id of </think>) when the model thinks in tagged thoughts (Qwen3), else None
+        self.think_token_ids: tuple[int, int] | None = None if start is None or end is None else (start, end)
 
     @staticmethod
     def _token_text(value):
@@ -85,13 +96,19 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        """Render messages ([{"role", "content"}]) with the model's own template."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools=None,
+                            **kwargs) -> str:
+        """Render messages ([{"role", "content", ...}]) with the model's own template, as
+        transformers' apply_chat_template does: `tools` (OpenAI-shaped function definitions) and
+        every other keyword (enable_thinking, ...) are visible to the template."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template; send a plain prompt instead")
+        values = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "", **kwargs}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                         **kwargs)
+            return self._template.render(messages=messages, tools=tools, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **values)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from None
+        except (TypeError, AttributeError, KeyError, IndexError) as e:
+            # templates index and concatenate what they are given: a shape they do not expect
+            raise ChatTemplateError(f"the chat template cannot render these messages ({e})") from None

@@ -12,14 +12,15 @@ import hmac
 import json
 import select
 import time
-import uuid
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
+from appliance.server import chat
+from appliance.server.reply import Reply
 from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
-from appliance.server.validation import (GenerationRequest, check_model, get_bool, image_policy, parse_chat,
-                                         parse_completion, parse_messages, read_json_body, render_chat)
+from appliance.server.validation import (GenerationRequest, ServingDefaults, check_model, get_bool, image_policy,
+                                         parse_chat, parse_completion, read_json_body)
 
 bp = Blueprint("openai", __name__)
 
@@ -29,6 +30,15 @@ KEEPALIVE_S = 15.0     # an SSE comment after this long without a token keeps pr
 
 def runtime():
     return current_app.extensions["appliance"]
+
+
+def serving(rt) -> ServingDefaults:
+    """What the settings add to every request, built once per loaded engine."""
+    held = current_app.extensions.get("appliance_serving")
+    if held is None or held[0] is not rt.engine:
+        held = current_app.extensions["appliance_serving"] = (rt.engine, ServingDefaults.from_settings(rt.settings,
+                                                                                                        rt.engine))
+    return held[1]
 
 
 @bp.before_request
@@ -52,33 +62,38 @@ def _authorize_and_check_ready():
 
 # ---- models, tokenizer --------------------------------------------------------
 
-def _model_card(rt) -> dict:
-    return {"id": rt.engine.model_name, "object": "model", "created": int(rt.started),
-            "owned_by": "appliance", "max_model_len": rt.engine.max_context}
+def _model_card(rt, name: str) -> dict:
+    return {"id": name, "object": "model", "created": int(rt.started), "owned_by": "appliance",
+            "root": rt.engine.model_name, "max_model_len": rt.engine.max_context}
 
 
 @bp.get("/v1/models")
 def list_models():
-    return jsonify({"object": "list", "data": [_model_card(runtime())]})
+    rt = runtime()
+    return jsonify({"object": "list", "data": [_model_card(rt, n) for n in serving(rt).model_names]})
 
 
 @bp.get("/v1/models/<path:model_id>")
 def get_model(model_id: str):
     rt = runtime()
-    if model_id != rt.engine.model_name:
+    if model_id not in serving(rt).model_names:
         raise APIError(f"the model {model_id!r} does not exist", 404, param="model", code="model_not_found")
-    return jsonify(_model_card(rt))
+    return jsonify(_model_card(rt, model_id))
 
 
 @bp.post("/tokenize")
 def tokenize():
+    """vLLM's shape: {"prompt"} or {"messages", "tools", "chat_template_kwargs", "add_generation_prompt"}."""
     rt = runtime()
     body = read_json_body()
-    check_model(body, rt.engine.model_name)
+    defaults = serving(rt)
+    check_model(body, defaults.model_names)
     tok = rt.engine.tokenizer
     if "messages" in body:
-        messages = parse_messages(body)
-        text = render_chat(rt.engine, messages, get_bool(body, "add_generation_prompt", True))
+        messages = chat.parse_messages(body)
+        tools = chat.parse_tools(body)
+        kwargs = chat.template_kwargs(body, defaults.chat_template_kwargs)
+        text = chat.render(rt.engine, messages, tools, kwargs, get_bool(body, "add_generation_prompt", True))
     elif "prompt" in body:
         text = body["prompt"]
         if not isinstance(text, str):
@@ -93,7 +108,7 @@ def tokenize():
 def detokenize():
     rt = runtime()
     body = read_json_body()
-    check_model(body, rt.engine.model_name)
+    check_model(body, serving(rt).model_names)
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise APIError("tokens: expected an array of integer token ids", param="tokens", code="invalid_type")
@@ -110,13 +125,13 @@ def detokenize():
 @bp.post("/v1/chat/completions")
 def chat_completions():
     rt = runtime()
-    return _generate(parse_chat(read_json_body(), rt.engine, image_policy(rt.settings)))
+    return _generate(parse_chat(read_json_body(), rt.engine, image_policy(rt.settings), serving(rt)))
 
 
 @bp.post("/v1/completions")
 def completions():
     rt = runtime()
-    return _generate(parse_completion(read_json_body(), rt.engine))
+    return _generate(parse_completion(read_json_body(), rt.engine, serving(rt)))
 
 
 class ClientWatch:
@@ -159,7 +174,7 @@ def _submit(gen: GenerationRequest):
 def _generate(gen: GenerationRequest):
     rt = runtime()
     req = _submit(gen)
-    reply = Reply(gen, rt, req.id)
+    reply = Reply(gen, rt.engine.tokenizer, rt.info)
     watch = ClientWatch(request.environ)
     if gen.stream:
         return Response(_stream(rt, req, reply, watch), mimetype="text/event-stream",
@@ -179,7 +194,14 @@ def _generate(gen: GenerationRequest):
         rt.scheduler.cancel(req)          # no-op once finished
     if ev.outcome not in ("stop", "length"):
         raise _failure(ev)
-    return jsonify(reply.body(ev))
+    body = reply.body(ev)
+    _count_tool_calls(rt, reply)
+    return jsonify(body)
+
+
+def _count_tool_calls(rt, reply: Reply) -> None:
+    if reply.tool_stats is not None:
+        rt.metrics.observe(reply.tool_stats)
 
 # The scheduler's refusals (scheduler.REFUSALS) as OpenAI error codes.
 REFUSAL_CODES = {"prompt_too_long": "context_length_exceeded", "invalid_prompt": "invalid_value"}
@@ -200,7 +222,7 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _stream(rt, req, reply: "Reply", watch: ClientWatch):
+def _stream(rt, req, reply: Reply, watch: ClientWatch):
     """Server-sent events; the finally clause cancels the request if the client left early."""
     try:
         first = reply.first_chunk()
@@ -218,122 +240,19 @@ def _stream(rt, req, reply: "Reply", watch: ClientWatch):
                 continue
             if isinstance(ev, Finished):
                 if ev.outcome in ("stop", "length"):
-                    yield _sse(reply.finish_chunk(ev))
+                    for chunk in reply.finish_chunks(ev):
+                        yield _sse(chunk)
+                    _count_tool_calls(rt, reply)
                     if reply.gen.include_usage:
                         yield _sse(reply.usage_chunk(ev))
                 else:
                     yield _sse(_failure(ev).body())
                 yield "data: [DONE]\n\n"
                 return
-            chunk = reply.token_chunk(ev)
-            if chunk is not None:
+            chunks = reply.token_chunks(ev)
+            for chunk in chunks:
                 yield _sse(chunk)
+            if chunks:
                 last_write = time.monotonic()
     finally:
         rt.scheduler.cancel(req)
-
-
-class Reply:
-    """Builds the OpenAI response objects for one request from its TokenEvents."""
-
-    def __init__(self, gen: GenerationRequest, rt, request_id: int):
-        self.gen = gen
-        self.chat = gen.kind == "chat"
-        self.tokenizer = rt.engine.tokenizer
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.model = gen.model
-        self.fingerprint = f"fp_appliance_{rt.info.get('weights')}_{rt.info.get('kv')}"
-        self.text: list[str] = []
-        self.chat_logprobs: list[dict] = []
-        self.legacy = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        self.offset = 0
-
-    # -- logprobs
-    def _token_text(self, ev) -> str:
-        for tid, text, _ in ev.top_logprobs or ():
-            if tid == ev.token_id:
-                return text
-        return self.tokenizer.decode([ev.token_id])
-
-    def _chat_entry(self, ev) -> dict:
-        text = self._token_text(ev)
-        return {"token": text, "logprob": ev.logprob, "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
-                                 for _, t, lp in (ev.top_logprobs or ())[: self.gen.top_logprobs]]}
-
-    def _legacy_entry(self, ev) -> dict:
-        text = self._token_text(ev)
-        entry = {"tokens": [text], "token_logprobs": [ev.logprob],
-                 "top_logprobs": [{t: lp for _, t, lp in (ev.top_logprobs or ())[: self.gen.top_logprobs]}],
-                 "text_offset": [self.offset]}
-        self.offset += len(ev.text)
-        return entry
-
-    def _logprobs(self, ev):
-        if not self.gen.logprobs or ev.logprob is None:
-            return None
-        return {"content": [self._chat_entry(ev)]} if self.chat else self._legacy_entry(ev)
-
-    # -- non-streaming
-    def add(self, ev) -> None:
-        self.text.append(ev.text)
-        lp = self._logprobs(ev)
-        if lp is not None:
-            if self.chat:
-                self.chat_logprobs.extend(lp["content"])
-            else:
-                for k in self.legacy:
-                    self.legacy[k].extend(lp[k])
-
-    def _usage(self, fin: Finished) -> dict:
-        return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-                "total_tokens": fin.prompt_tokens + fin.completion_tokens}
-
-    def body(self, fin: Finished) -> dict:
-        text = "".join(self.text)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": {"content": self.chat_logprobs} if self.gen.logprobs else None,
-                      "finish_reason": fin.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": self.legacy if self.gen.logprobs else None,
-                      "finish_reason": fin.finish_reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": self._usage(fin)}
-
-    # -- streaming
-    def _chunk(self, choice: dict | None) -> dict:
-        out = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-               "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
-               "choices": [] if choice is None else [choice]}
-        if self.gen.include_usage:
-            out["usage"] = None
-        return out
-
-    def first_chunk(self) -> dict | None:
-        if not self.chat:
-            return None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None})
-
-    def token_chunk(self, ev) -> dict | None:
-        lp = self._logprobs(ev)
-        if not ev.text and lp is None:
-            return None                     # text held back while a stop string may be forming
-        if self.chat:
-            return self._chunk({"index": 0, "delta": {"content": ev.text}, "logprobs": lp,
-                                "finish_reason": None})
-        return self._chunk({"index": 0, "text": ev.text, "logprobs": lp, "finish_reason": None})
-
-    def finish_chunk(self, fin: Finished) -> dict:
-        if self.chat:
-            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": fin.finish_reason})
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": fin.finish_reason})
-
-    def usage_chunk(self, fin: Finished) -> dict:
-        out = self._chunk(None)
-        out["usage"] = self._usage(fin)
-        return out

@@ -3,20 +3,24 @@
 Every check answers 4xx with an OpenAI-shaped error; nothing malformed reaches the
 scheduler. Sampling fields the request leaves out take the model's
 generation_config.json defaults (as Qwen's model cards recommend), then OpenAI's.
+Chat messages, tools and the template are chat.py's.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import request
 
+from appliance.server import chat
+from appliance.server.chat import ToolChoice
 from appliance.server.errors import APIError
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 1024            # entries; OpenAI allows 300, llama.cpp and vLLM any
+MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
 MAX_IMAGES = 8                   # image parts per chat request
@@ -34,6 +38,28 @@ class GenerationRequest:
     logprobs: bool               # return logprobs at all
     top_logprobs: int            # alternatives per token
     images: list | None = None   # prepared images (appliance.images.ImageInput); prompt_ids already expanded
+    reasoning: str | None = None  # the reasoning parser's start state ("allowed", "open", "closed"); None: no split
+    tools: list | None = None     # offered (and not hidden by tool_choice "none"): parse calls out of the answer
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel_tool_calls: bool = True
+
+
+@dataclass
+class ServingDefaults:
+    """What the server's settings add to every request."""
+    model_names: tuple[str, ...]                 # the names `model` may take; the first is reported
+    chat_template_kwargs: dict = field(default_factory=dict)
+    max_thinking_tokens: int | None = None
+    reasoning_parser: str = "qwen3"
+
+    @classmethod
+    def from_settings(cls, settings, engine) -> "ServingDefaults":
+        names = [n.strip() for n in (getattr(settings, "served_model_name", None) or "").split(",") if n.strip()]
+        return cls(model_names=tuple(names or [engine.model_name]),
+                   chat_template_kwargs=chat.parse_json_object_setting(
+                       getattr(settings, "chat_template_kwargs", None)),
+                   max_thinking_tokens=getattr(settings, "max_thinking_tokens", None),
+                   reasoning_parser=getattr(settings, "reasoning_parser", "qwen3") or "qwen3")
 
 
 def read_json_body() -> dict:
@@ -56,15 +82,7 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed")
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
-
-
-def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(f"{param}: {message}", param=param, code=code)
+_kind, _bad = chat.kind, chat.bad
 
 
 def get_bool(body: dict, name: str, default: bool) -> bool:
@@ -122,71 +140,19 @@ def get_stop(body: dict) -> tuple[str, ...]:
     return tuple(v)
 
 
-def check_model(body: dict, served: str) -> str:
+def check_model(body: dict, served) -> str:
+    """The model a request names: one of the served names (a str or a sequence of them);
+    the answer reports the name it was asked by, or the first."""
+    names = (served,) if isinstance(served, str) else tuple(served)
     v = body.get("model", _MISSING)
     if v is _MISSING or v is None:
-        return served
+        return names[0]
     if not isinstance(v, str):
         raise _bad("model", f"expected a string, got {_kind(v)}", "invalid_type")
-    if v != served:
-        raise APIError(f"the model {v!r} does not exist; this server serves {served!r}", 404,
+    if v not in names:
+        raise APIError(f"the model {v!r} does not exist; this server serves {', '.join(map(repr, names))}", 404,
                        param="model", code="model_not_found")
     return v
-
-
-def message_text(content: Any, index: int, images: list | None = None) -> str | list:
-    """A message's content as text: a string, or an array of text parts. With `images` (a list
-    collecting (param, url) of image_url parts), image parts are allowed: the content is then
-    the parts for the chat template, an image as {"type": "image"}."""
-    param = f"messages[{index}].content"
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts, rendered = [], []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                raise _bad(f"{param}[{j}]", f"expected an object, got {_kind(part)}", "invalid_type")
-            if part.get("type") == "image_url" and images is not None:
-                url = part.get("image_url")
-                url = url.get("url") if isinstance(url, dict) else url
-                if not isinstance(url, str) or not url:
-                    raise _bad(f"{param}[{j}].image_url.url", f"expected a data: URL string, got {_kind(url)}",
-                               "invalid_type")
-                images.append((f"{param}[{j}].image_url", url))
-                rendered.append({"type": "image"})
-                continue
-            if part.get("type") != "text":
-                raise _bad(f"{param}[{j}].type", f"only 'text' parts are supported, got {part.get('type')!r}")
-            if not isinstance(part.get("text"), str):
-                raise _bad(f"{param}[{j}].text", f"expected a string, got {_kind(part.get('text'))}",
-                           "invalid_type")
-            parts.append(part["text"])
-            rendered.append({"type": "text", "text": part["text"]})
-        return "".join(parts) if len(rendered) == len(parts) else rendered
-    raise _bad(param, f"expected a string or an array of text parts, got {_kind(content)}", "invalid_type")
-
-
-def parse_messages(body: dict, images: list | None = None) -> list[dict]:
-    messages = body.get("messages", _MISSING)
-    if messages is _MISSING or messages is None:
-        raise APIError("messages: a list of messages is required", param="messages", code="missing_required_parameter")
-    if not isinstance(messages, list):
-        raise _bad("messages", f"expected an array, got {_kind(messages)}", "invalid_type")
-    if not messages:
-        raise _bad("messages", "must contain at least one message")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _bad(f"messages[{i}]", f"expected an object, got {_kind(m)}", "invalid_type")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise _bad(f"messages[{i}].role", f"expected one of {', '.join(ROLES)}, got {role!r}")
-        if "content" not in m or m["content"] is None:
-            raise APIError(f"messages[{i}].content: required", param=f"messages[{i}].content",
-                           code="missing_required_parameter")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": message_text(m["content"], i, images)})
-    return out
 
 
 def image_policy(settings):
@@ -217,14 +183,6 @@ def prepare_images(refs: list[tuple[str, str]], engine, policy) -> list:
     return out
 
 
-def render_chat(engine, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """The model's own chat template; a template that refuses the messages is a 400."""
-    try:
-        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    except ValueError as e:
-        raise APIError(f"messages: {e}", param="messages", code="invalid_messages") from None
-
-
 def check_fits(n_prompt: int, max_context: int, param: str) -> None:
     if n_prompt + 1 > max_context:
         raise APIError(f"the prompt is {n_prompt} tokens long but the model's context is {max_context} tokens "
@@ -234,10 +192,55 @@ def check_fits(n_prompt: int, max_context: int, param: str) -> None:
         raise APIError(f"{param}: the prompt is empty", param=param, code="invalid_value")
 
 
+def _vocab(engine) -> int:
+    return int(engine.info().get("vocab") or 0)
+
+
+def get_logit_bias(body: dict, vocab: int) -> dict[int, float] | None:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings)."""
+    v = body.get("logit_bias")
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise _bad("logit_bias", f"expected an object mapping token ids to numbers, got {_kind(v)}", "invalid_type")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got {len(v)}")
+    out = {}
+    for key, bias in v.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise _bad("logit_bias", f"keys are token ids, got {key!r}") from None
+        if token < 0 or (vocab and token >= vocab):
+            raise _bad("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab})")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise _bad("logit_bias", f"the bias of token {token} must be a number, got {_kind(bias)}",
+                       "invalid_type")
+        if not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"the bias of token {token} ({bias:g}) is out of range [-100, 100]")
+        out[token] = float(bias)
+    return out or None
+
+
+def get_token_ids(body: dict, name: str, vocab: int, limit: int) -> tuple[int, ...]:
+    v = body.get(name)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise _bad(name, "expected an array of integer token ids", "invalid_type")
+    if len(v) > limit:
+        raise _bad(name, f"at most {limit} token ids, got {len(v)}")
+    bad = [t for t in v if t < 0 or (vocab and t >= vocab)]
+    if bad:
+        raise _bad(name, f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return tuple(v)
+
+
 def sampling_params(body: dict, engine, n_prompt: int, logprobs: int | None,
-                    default_max_tokens: int | None = None):
+                    default_max_tokens: int | None = None, **engine_side):
     """Build SamplingParams from the common fields (both endpoints). max_tokens beyond
-    the room left in the context is clamped: the answer then ends with "length"."""
+    the room left in the context is clamped: the answer then ends with "length".
+    engine_side: fields the endpoint decided itself (thinking, max_thinking_tokens)."""
     from appliance.engine.sampling import SamplingParams
 
     defaults = dict(engine.generation_defaults or {})
@@ -251,25 +254,35 @@ def sampling_params(body: dict, engine, n_prompt: int, logprobs: int | None,
     best_of = get_int(body, "best_of", 1, None, 1)
     if best_of != 1:
         raise _bad("best_of", f"only best_of=1 is supported, got {best_of}")
-    # accepted for compatibility and range-checked; this engine applies repetition_penalty instead
-    get_float(body, "presence_penalty", -2.0, 2.0)
-    get_float(body, "frequency_penalty", -2.0, 2.0)
     top_k = get_int(body, "top_k", -1, None, defaults.get("top_k", 0))
     seed = get_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
     if seed is not None and seed < 0:
         seed = None                                   # some clients send -1 for "random"
+    vocab = _vocab(engine)
+    max_tokens = min(max_tokens or default_max_tokens or room, room)
+    min_tokens = get_int(body, "min_tokens", 0, None, 0)
+    if min_tokens > max_tokens:
+        if "max_tokens" in body or "max_completion_tokens" in body:
+            raise _bad("min_tokens", f"{min_tokens} is more than max_tokens ({max_tokens})")
+        min_tokens = max_tokens                   # the context has less room than asked for
     return SamplingParams(
-        max_tokens=min(max_tokens or default_max_tokens or room, room),
+        max_tokens=max_tokens,
         temperature=get_float(body, "temperature", 0.0, 2.0, defaults.get("temperature", 1.0)),
         top_p=get_float(body, "top_p", 0.0, 1.0, defaults.get("top_p", 1.0), lo_open=True),
         top_k=max(0, top_k),
         min_p=get_float(body, "min_p", 0.0, 1.0, defaults.get("min_p", 0.0)),
         repetition_penalty=get_float(body, "repetition_penalty", 0.0, 10.0,
                                      defaults.get("repetition_penalty", 1.0), lo_open=True),
+        presence_penalty=get_float(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=get_float(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        logit_bias=get_logit_bias(body, vocab),
+        min_tokens=min_tokens,
+        stop_token_ids=get_token_ids(body, "stop_token_ids", vocab, MAX_STOP_TOKEN_IDS),
         seed=seed,
         stop=list(get_stop(body)),
         logprobs=logprobs,
         ignore_eos=get_bool(body, "ignore_eos", False),
+        **engine_side,
     )
 
 
@@ -284,10 +297,11 @@ def stream_options(body: dict, stream: bool) -> bool:
     return get_bool(opts, "include_usage", False)
 
 
-def parse_chat(body: dict, engine, image_policy=None) -> GenerationRequest:
-    model = check_model(body, engine.model_name)
+def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults | None = None) -> GenerationRequest:
+    serving = serving or ServingDefaults((engine.model_name,))
+    model = check_model(body, serving.model_names)
     image_refs: list[tuple[str, str]] = []
-    messages = parse_messages(body, image_refs)
+    messages = chat.parse_messages(body, image_refs)
     stream = get_bool(body, "stream", False)
     include_usage = stream_options(body, stream)
     want_logprobs = get_bool(body, "logprobs", False)
@@ -297,10 +311,13 @@ def parse_chat(body: dict, engine, image_policy=None) -> GenerationRequest:
     rf = body.get("response_format")
     if rf is not None and (not isinstance(rf, dict) or rf.get("type") != "text"):
         raise _bad("response_format", "only {\"type\": \"text\"} is supported")
-    if body.get("tools"):
-        raise _bad("tools", "tool calling is not supported by this server")
+    tools = chat.parse_tools(body)
+    choice = chat.parse_tool_choice(body, tools)
+    parallel = get_bool(body, "parallel_tool_calls", True)
+    offered = tools if tools and choice.mode != "none" else None      # "none" hides the tools
+    kwargs = chat.template_kwargs(body, serving.chat_template_kwargs)
     images = prepare_images(image_refs, engine, image_policy)
-    text = render_chat(engine, messages)
+    text = chat.render(engine, messages, offered, kwargs)
     prompt_ids = engine.tokenizer.encode(text)
     if images:
         try:
@@ -308,9 +325,26 @@ def parse_chat(body: dict, engine, image_policy=None) -> GenerationRequest:
         except ValueError as e:          # the template dropped or repeated image placeholders
             raise APIError(f"messages: {e}", param="messages", code="invalid_messages") from None
     check_fits(len(prompt_ids), engine.max_context, "messages")
-    params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None)
+    thinking = chat.thought_state(engine, messages, offered, kwargs, text)
+    budget = get_int(body, "max_thinking_tokens", 0, None)
+    if budget is not None and engine.tokenizer.think_token_ids is None:
+        raise _bad("max_thinking_tokens", f"the model {engine.model_name!r} does not think in <think> tags")
+    if budget is None:
+        budget = serving.max_thinking_tokens
+    params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None,
+                             thinking=thinking, max_thinking_tokens=budget if thinking else None)
     return GenerationRequest("chat", model, prompt_ids, params, stream, include_usage,
-                             want_logprobs, top or 0, images or None)
+                             want_logprobs, top or 0, images or None,
+                             reasoning=_reasoning_state(engine, serving, thinking),
+                             tools=offered, tool_choice=choice, parallel_tool_calls=parallel)
+
+
+def _reasoning_state(engine, serving: ServingDefaults, thinking: str | None) -> str | None:
+    """The reasoning parser's start state; None: the reply is not split (no thought tags, or
+    --reasoning-parser none)."""
+    if serving.reasoning_parser == "none" or engine.tokenizer.think_token_ids is None:
+        return None
+    return thinking or "closed"
 
 
 def completion_prompt(body: dict, engine) -> list[int]:
@@ -324,7 +358,7 @@ def completion_prompt(body: dict, engine) -> list[int]:
             raise _bad("prompt", "must not be empty")
         return engine.tokenizer.encode(p)
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        vocab = int(engine.info().get("vocab") or 0)
+        vocab = _vocab(engine)
         bad = [t for t in p if t < 0 or (vocab and t >= vocab)]
         if bad:
             raise _bad("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
@@ -334,8 +368,8 @@ def completion_prompt(body: dict, engine) -> list[int]:
     raise _bad("prompt", f"expected a string or an array of token ids, got {_kind(p)}", "invalid_type")
 
 
-def parse_completion(body: dict, engine) -> GenerationRequest:
-    model = check_model(body, engine.model_name)
+def parse_completion(body: dict, engine, serving: ServingDefaults | None = None) -> GenerationRequest:
+    model = check_model(body, serving.model_names if serving else engine.model_name)
     prompt_ids = completion_prompt(body, engine)
     stream = get_bool(body, "stream", False)
     include_usage = stream_options(body, stream)

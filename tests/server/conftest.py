@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from live_server import ARTIFACTS, LiveServer, start_server  # noqa: E402
+from tiny_models_chat import build_qwen3_chat  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +34,33 @@ def server(server_model_dir):
         code = srv.stop()
         shutil.rmtree(srv.workdir, ignore_errors=True)
         assert code == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def qwen3_chat_dir(tmp_path_factory) -> Path:
+    """A tiny random checkpoint with Qwen3's chat template, thought and tool-call tags."""
+    return build_qwen3_chat(tmp_path_factory.mktemp("qwen3_chat"))
+
+
+@pytest.fixture(scope="session")
+def chat_server(qwen3_chat_dir):
+    """A server on it, also answering to a client's hard-coded model name."""
+    srv = start_server(qwen3_chat_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "2048",
+                       "--request-timeout", "60", "--served-model-name", "qwen3-tiny,gpt-4o-mini")
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        shutil.rmtree(srv.workdir, ignore_errors=True)
+        assert code == 0, srv.log()[-3000:]
+
+
+@pytest.fixture
+def chat_client(chat_server):
+    from openai import OpenAI
+
+    chat_server.wait_idle()
+    return OpenAI(base_url=chat_server.base + "/v1", api_key="not-needed", max_retries=0, timeout=60)
 
 
 @pytest.fixture
