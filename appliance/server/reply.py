@@ -129,7 +129,7 @@ class Reply:
     def _usage(self, fin) -> dict:
         return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
                 "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": getattr(fin, "cached_tokens", 0)}}
 
     def message(self, fin) -> dict:
         self._collect(self._finish_items(fin))

@@ -97,3 +97,79 @@ def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
     assert any(u.endswith("/v1/chat/completions") for u in requests_seen)
     assert not [c for c in console if c.startswith("error")], console
     assert (artifacts_dir / "dashboard.png").stat().st_size > 10_000
+
+
+def _sse(*deltas, finish=None) -> str:
+    """A recorded chat stream: one chunk per delta, then the finish and [DONE]."""
+    import json as _json
+
+    def chunk(delta, finish_reason=None):
+        return "data: " + _json.dumps({"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0,
+                                       "model": "m", "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                                  "finish_reason": finish_reason}]}) + "\n\n"
+    return "".join(chunk(d) for d in deltas) + chunk({}, finish) + "data: [DONE]\n\n"
+
+
+def test_dashboard_chat_reasoning_tool_calls_and_thinking_switch(idle_server):
+    """The chat panel against recorded streams: the thought folded above the answer, a tool call
+    shown as such, run by the page on the board's own sensors and sent back as a tool message,
+    and the thinking switch reaching the template as enable_thinking."""
+    import json as _json
+
+    playwright = pytest.importorskip("playwright.sync_api")
+    first = _sse({"role": "assistant", "content": ""}, {"reasoning_content": "The user asks about the "},
+                 {"reasoning_content": "big cores."}, {"content": "Let me read it."},
+                 {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                  "function": {"name": "read_board_sensor", "arguments": ""}}]},
+                 {"tool_calls": [{"index": 0, "function": {"arguments": '{"sensor": "bigcore0"}'}}]},
+                 finish="tool_calls")
+    second = _sse({"role": "assistant", "content": ""}, {"content": "The big cores are warm."}, finish="stop")
+    bodies = []
+
+    def answer(route):
+        bodies.append(_json.loads(route.request.post_data))
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"},
+                      body=first if len(bodies) == 1 else second)
+
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.route("**/v1/chat/completions", answer)
+            page.goto(idle_server.base + "/", wait_until="load")
+            page.wait_for_function("() => document.querySelector('#thermal-facts').textContent.includes('bigcore0')",
+                                   timeout=30000)
+            page.check("#chat-tools")
+            page.fill("#chat-input", "How warm are the big cores?")
+            page.click("#chat-send")
+            page.wait_for_function("() => ['done', 'error'].includes(document.body.dataset.chat)", timeout=30000)
+            assert page.evaluate("() => document.body.dataset.chat") == "done", page.text_content("#chat-log")
+            assert page.evaluate("() => document.body.dataset.chatToolCalls") == "1"
+            fold = page.locator("#chat-log .msg.assistant details.reasoning").first
+            assert fold.text_content().endswith("The user asks about the big cores.")
+            assert not fold.evaluate("d => d.open")                   # folded once the answer came
+            assert "read_board_sensor" in page.locator("#chat-log .call").first.text_content()
+            tool_line = page.locator("#chat-log .msg.tool .text").first.text_content()
+            assert "bigcore0-thermal" in tool_line and "celsius" in tool_line
+            replies = page.locator("#chat-log .msg.assistant .text").all_text_contents()
+            assert replies == ["Let me read it.", "The big cores are warm."]
+            assert bodies[0]["tools"][0]["function"]["name"] == "read_board_sensor"
+            assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": True}
+            history = bodies[1]["messages"]
+            assert [m["role"] for m in history] == ["user", "assistant", "tool"]
+            assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"sensor": "bigcore0"}'
+            assert history[1]["reasoning_content"] == "The user asks about the big cores."
+            result = _json.loads(history[2]["content"])
+            assert history[2]["tool_call_id"] == "call_1" and result["sensor"] == "bigcore0-thermal"
+            assert isinstance(result["celsius"], float)
+
+            page.uncheck("#chat-think")
+            page.uncheck("#chat-tools")
+            page.fill("#chat-input", "Thanks")
+            page.click("#chat-send")
+            page.wait_for_function("() => document.body.dataset.chat === 'done' && "
+                                   "document.querySelectorAll('#chat-log .msg.assistant').length === 3",
+                                   timeout=30000)
+            assert bodies[2]["chat_template_kwargs"] == {"enable_thinking": False} and "tools" not in bodies[2]
+        finally:
+            browser.close()

@@ -1,5 +1,7 @@
 // Dashboard: polls /dashboard/stats once a second (only new points), redraws six
-// canvas charts, and runs a chat panel that streams from /v1/chat/completions.
+// canvas charts, and runs a chat panel that streams from /v1/chat/completions: the
+// model's reasoning folded above its answer, its tool calls shown as such and, with
+// "board tools" on, run here (a tool reading this board's sensors) and sent back.
 // Text from the model or the server is only ever set with textContent.
 "use strict";
 (function () {
@@ -7,7 +9,7 @@
   const POLL_MS = 1000;
   const state = {
     since: {steps: 0, series: 0, thermal: 0}, steps: [], series: [], thermal: [], drawn: 0, model: null,
-    chat: [], busy: false,
+    chat: [], busy: false, sensors: null,
   };
   const $ = id => document.getElementById(id);
 
@@ -90,12 +92,15 @@
     if (d.error) setRows($("model-facts"), [["error", d.error]]);
     setRows($("settings-facts"), Object.entries(d.settings || {}));
     const q = d.queue || {};
-    $("queue-now").textContent = `${q.running || 0} running, ${q.waiting || 0} waiting, KV ${q.kv_blocks_used || 0}/${q.kv_blocks_total || 0} blocks`;
+    const pc = q.prefix_cache;   // prefix cache: share of prompt tokens served from cached KV blocks
+    $("queue-now").textContent = `${q.running || 0} running, ${q.waiting || 0} waiting, KV ${q.kv_blocks_used || 0}/${q.kv_blocks_total || 0} blocks` +
+      (pc ? `, prefix cache hits ${(100 * pc.hit_ratio).toFixed(0)}% of ${pc.query_tokens} prompt tokens` : "");
     const last = state.steps[state.steps.length - 1];
     $("decode-now").textContent = last ? `${last.ms.toFixed(1)} ms @ batch ${last.batch}, ctx ${last.ctx}` : "";
     const lastSec = state.series[state.series.length - 1];
     $("tps-now").textContent = lastSec ? `${lastSec.tokens_per_s} tok/s` : "";
     const th = d.thermal, badge = $("throttle");
+    state.sensors = th;
     if (th) {
       badge.textContent = th.throttled ? "THROTTLED" : "not throttled";
       badge.className = "badge " + (th.throttled ? "bad" : "ok");
@@ -132,12 +137,31 @@
 
   // ---- chat ------------------------------------------------------------------
 
+  const MAX_TOOL_ROUNDS = 3;
+  // The one tool the page offers and runs itself: what the board's thermal zones read now.
+  const BOARD_TOOL = {type: "function", function: {
+    name: "read_board_sensor",
+    description: "Read the current temperature of one of this board's sensors (thermal zones)",
+    parameters: {type: "object", properties: {sensor: {type: "string",
+      description: "the sensor, e.g. soc, bigcore0, gpu"}}, required: ["sensor"]}}};
+
+  function runBoardTool(call) {
+    let args;
+    try { args = JSON.parse(call.arguments || "{}"); } catch (e) { return {error: "arguments are not JSON"}; }
+    const zones = (state.sensors && state.sensors.zones) || [];
+    const want = String(args.sensor || "").toLowerCase().replace(/[-_ ]?thermal$/, "");
+    const zone = zones.find(z => z.zone.toLowerCase().startsWith(want)) ||
+      zones.find(z => want && z.zone.toLowerCase().includes(want));
+    if (!zone) return {error: `no sensor ${JSON.stringify(args.sensor)}`, sensors: zones.map(z => z.zone)};
+    return {sensor: zone.zone, celsius: zone.temp_c};
+  }
+
   function addMessage(role, text) {
     const div = document.createElement("div");
     div.className = "msg " + role;
     const who = document.createElement("span");
     who.className = "who";
-    who.textContent = role === "user" ? "you" : role === "error" ? "error" : "model";
+    who.textContent = {user: "you", error: "error", tool: "tool"}[role] || "model";
     const body = document.createElement("span");
     body.className = "text";
     body.textContent = text;
@@ -147,6 +171,95 @@
     return body;
   }
   window.applianceAddMessage = addMessage;   // used by the browser test to check escaping
+
+  // An assistant turn: its reasoning folded (opened while it streams), the answer, its tool calls.
+  function addReply() {
+    const text = addMessage("assistant", "");
+    const div = text.parentElement;
+    const fold = document.createElement("details");
+    fold.className = "reasoning";
+    fold.open = true;
+    fold.hidden = true;
+    const summary = document.createElement("summary");
+    summary.textContent = "reasoning";
+    const thought = document.createElement("div");
+    fold.append(summary, thought);
+    const calls = document.createElement("span");
+    calls.className = "calls";
+    div.insertBefore(fold, text);
+    div.append(calls);
+    return {text, fold, thought, calls};
+  }
+
+  function showCalls(view, calls) {
+    view.calls.replaceChildren(...calls.map(c => {
+      const el = document.createElement("span");
+      el.className = "call";
+      el.textContent = `\u2192 ${c.name}(${c.arguments})`;
+      return el;
+    }));
+  }
+
+  // One streamed completion into one reply view; resolves to what the model said.
+  async function stream(view, headers) {
+    const withTools = $("chat-tools").checked;
+    const resp = await fetch("/v1/chat/completions", {method: "POST", headers, body: JSON.stringify({
+      model: state.model ? state.model.id : undefined, messages: state.chat, stream: true,
+      max_tokens: parseInt($("chat-max").value, 10) || 128, stream_options: {include_usage: true},
+      chat_template_kwargs: {enable_thinking: $("chat-think").checked},
+      ...(withTools ? {tools: [BOARD_TOOL]} : {})})});
+    if (!resp.ok) {
+      const err = await resp.json().catch(() => ({error: {message: resp.statusText}}));
+      throw new Error(`${resp.status}: ${err.error ? err.error.message : resp.statusText}`);
+    }
+    const out = {content: "", reasoning: "", calls: [], finish: null, usage: null, chunks: 0, first: null};
+    const reader = resp.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, {stream: true});
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const event = buf.slice(0, i); buf = buf.slice(i + 2);
+        for (const line of event.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = line.slice(6);
+          if (data === "[DONE]") continue;
+          const obj = JSON.parse(data);
+          if (obj.error) throw new Error(obj.error.message);
+          if (obj.usage) out.usage = obj.usage;
+          for (const c of obj.choices || []) {
+            const d = c.delta || {};
+            if (d.content || d.reasoning_content || d.tool_calls) {
+              if (out.first === null) out.first = performance.now();
+              out.chunks++;
+            }
+            if (d.reasoning_content) {
+              out.reasoning += d.reasoning_content;
+              view.fold.hidden = false;
+              view.thought.textContent = out.reasoning;
+            }
+            if (d.content) {
+              out.content += d.content;
+              view.text.textContent = out.content;
+            }
+            for (const t of d.tool_calls || []) {      // OpenAI's deltas: id and name first, then arguments
+              const call = out.calls[t.index] || (out.calls[t.index] = {id: "", name: "", arguments: ""});
+              if (t.id) call.id = t.id;
+              if (t.function && t.function.name) call.name += t.function.name;
+              if (t.function && t.function.arguments) call.arguments += t.function.arguments;
+              showCalls(view, out.calls);
+            }
+            if (c.finish_reason) out.finish = c.finish_reason;
+          }
+        }
+      }
+    }
+    if (out.reasoning && out.content) view.fold.open = false;       // folded once the answer is there
+    return out;
+  }
 
   async function send(ev) {
     ev.preventDefault();
@@ -165,63 +278,49 @@
       reader.readAsDataURL(file);
     }) : null;
     addMessage("user", image ? `[image: ${file.name}] ${text}` : text);
+    const turnStart = state.chat.length;
     state.chat.push({role: "user", content: image
       ? [{type: "image_url", image_url: {url: image}}, {type: "text", text}] : text});
     $("chat-input").value = "";
     $("chat-image").value = "";
-    const out = addMessage("assistant", "");
     const headers = {"Content-Type": "application/json"};
     const key = $("chat-key").value;
     if (key) headers["Authorization"] = "Bearer " + key;
     const t0 = performance.now();
-    let first = null, chunks = 0, reply = "", finish = null, usage = null;
+    let chunks = 0, tokens = 0, toolCalls = 0, reasoning = 0, first = null, last = null;
     try {
-      const resp = await fetch("/v1/chat/completions", {method: "POST", headers, body: JSON.stringify({
-        model: state.model ? state.model.id : undefined, messages: state.chat, stream: true,
-        max_tokens: parseInt($("chat-max").value, 10) || 128, stream_options: {include_usage: true}})});
-      if (!resp.ok) {
-        const err = await resp.json().catch(() => ({error: {message: resp.statusText}}));
-        throw new Error(`${resp.status}: ${err.error ? err.error.message : resp.statusText}`);
-      }
-      const reader = resp.body.getReader();
-      const dec = new TextDecoder();
-      let buf = "";
-      for (;;) {
-        const {value, done} = await reader.read();
-        if (done) break;
-        buf += dec.decode(value, {stream: true});
-        let i;
-        while ((i = buf.indexOf("\n\n")) >= 0) {
-          const event = buf.slice(0, i); buf = buf.slice(i + 2);
-          for (const line of event.split("\n")) {
-            if (!line.startsWith("data: ")) continue;
-            const data = line.slice(6);
-            if (data === "[DONE]") continue;
-            const obj = JSON.parse(data);
-            if (obj.error) throw new Error(obj.error.message);
-            if (obj.usage) usage = obj.usage;
-            for (const c of obj.choices || []) {
-              if (c.delta && c.delta.content) {
-                if (first === null) first = performance.now();
-                reply += c.delta.content;
-                out.textContent = reply;
-                chunks++;
-              }
-              if (c.finish_reason) finish = c.finish_reason;
-            }
-          }
+      for (let round = 0; ; round++) {
+        last = await stream(addReply(), headers);
+        chunks += last.chunks;
+        tokens += last.usage ? last.usage.completion_tokens : last.chunks;
+        reasoning += last.reasoning.length;
+        if (first === null) first = last.first;
+        const msg = {role: "assistant", content: last.content || null};
+        if (last.reasoning) msg.reasoning_content = last.reasoning;
+        if (last.calls.length) msg.tool_calls = last.calls.map(c => (
+          {id: c.id, type: "function", function: {name: c.name, arguments: c.arguments}}));
+        state.chat.push(msg);
+        if (last.finish !== "tool_calls" || round + 1 >= MAX_TOOL_ROUNDS) break;
+        for (const call of last.calls) {                // the page runs the calls and answers them
+          toolCalls++;
+          const result = call.name === BOARD_TOOL.function.name ? runBoardTool(call)
+            : {error: `no tool named ${call.name}`};
+          addMessage("tool", `${call.name} \u2192 ${JSON.stringify(result)}`);
+          state.chat.push({role: "tool", tool_call_id: call.id, name: call.name, content: JSON.stringify(result)});
         }
       }
-      state.chat.push({role: "assistant", content: reply});
       const secs = (performance.now() - t0) / 1000;
-      $("chat-stats").textContent = `${usage ? usage.completion_tokens : chunks} tokens in ${secs.toFixed(2)} s` +
+      $("chat-stats").textContent = `${tokens} tokens in ${secs.toFixed(2)} s` +
         (first !== null ? `, first token after ${((first - t0) / 1000).toFixed(2)} s` : "") +
-        (finish ? `, finish: ${finish}` : "");
+        (toolCalls ? `, ${toolCalls} tool call${toolCalls > 1 ? "s" : ""}` : "") +
+        (last && last.finish ? `, finish: ${last.finish}` : "");
       document.body.dataset.chatChunks = String(chunks);
+      document.body.dataset.chatToolCalls = String(toolCalls);
+      document.body.dataset.chatReasoning = String(reasoning);
       document.body.dataset.chat = "done";
     } catch (e) {
       addMessage("error", String(e.message || e));
-      state.chat.pop();
+      state.chat.splice(turnStart);
       document.body.dataset.chat = "error";
     } finally {
       state.busy = false;
