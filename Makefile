@@ -19,7 +19,7 @@ RUN_STAMP      := $(VENV)/.run-stamp        # build tools
 EDITABLE_STAMP := $(VENV)/.editable-stamp   # the package, editable, with its runtime dependencies
 BUILD_STAMP    := $(VENV)/.build-stamp      # the compiled kernels, up to date with their sources
 STAMP          := $(VENV)/.deps-stamp       # the test stack (mk/*.mk depend on it)
-KERNEL_SOURCES := setup.py $(wildcard kernels/*.c kernels/*.h kernels/*.pyx kernels/*.pxd \
+KERNEL_SOURCES := setup.py $(wildcard kernels/*.c kernels/*.h kernels/*.pyx kernels/*.pxd kernels/*.pxi \
                                       kernels/*/*.c kernels/*/*.h)
 
 .PHONY: run test test-python test-fast build setup system-deps clean bench
@@ -74,7 +74,7 @@ bench: build $(STAMP)
 	$(PY) bench/compare_llamacpp.py
 
 clean:
-	rm -rf build appliance/kernels/_*.so kernels/kernels.c kernels/kvops.c *.egg-info $(VENV)/.*-stamp
+	rm -rf build appliance/kernels/_*.so kernels/kernels.c *.egg-info $(VENV)/.*-stamp
 
 include mk/arm.mk
 include mk/fleet.mk
