@@ -33,7 +33,7 @@ ENV_PREFIX = "APPLIANCE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 REASONING_PARSERS = ("qwen3", "none")
 JSON_OBJECT_KEYS = ("chat_template_kwargs",)     # a JSON object as text (a YAML mapping in the file)
-PATH_KEYS = ("model", "sysfs_root")       # "~/models/..." means the user's home, as in a shell
+PATH_KEYS = ("model", "sysfs_root", "kv_cache_dir")   # "~/models/..." means the user's home, as in a shell
 _SPARSE = SparseConfig()          # sparse attention's defaults
 
 
@@ -63,8 +63,21 @@ class Settings:
                                   metavar="N")
     max_context: int | None = setting(None, "cap on context tokens; default: the model's own", low=16,
                                       metavar="N")
-    kv_cache_tokens: int | None = setting(None, "KV pool size in tokens, shared by all sequences; "
-                                                "default: one context", low=64, metavar="N")
+    kv_cache_tokens: int | None = setting(None, "KV pool size in tokens, shared by all sequences (at least one "
+                                                "context); default: sized by memory", low=64, metavar="N")
+    kv_cache_memory: str | None = setting(None, "KV pool size as memory (4G, 1536M) or a share of available "
+                                                "memory (40%); default: half the memory left after the weights, "
+                                                "1 to 16 contexts", metavar="SIZE")
+    disable_prefix_cache: bool = setting(False, "recompute every prompt: no KV blocks reused between requests "
+                                                "that start alike")
+    kv_cache_dir: str | None = setting(None, "directory that keeps the prefix cache's blocks across restarts "
+                                             "(bounded by --kv-cache-disk-bytes); default: memory only",
+                                       metavar="DIR")
+    kv_cache_disk_bytes: int = setting(4 << 30, "bytes --kv-cache-dir may hold; the least recently used blocks "
+                                                "go first", low=1 << 20, unit="bytes", metavar="N")
+    max_step_tokens: int | None = setting(None, "rows one step computes while streams decode (their tokens plus "
+                                                "prompt chunks); default: sized from measured step times so a "
+                                                "step lasts about 8 decode steps", low=8, high=8192, metavar="N")
     sparse_attn: bool = setting(False, "block-sparse attention for long contexts (docs/engine.md)")
     sparse_k: int = setting(_SPARSE.k, "blocks kept per head by sparse attention", low=1, metavar="K")
     sparse_block: int = setting(_SPARSE.block, "positions per sparse block", low=1, metavar="N")
@@ -230,6 +243,7 @@ def validate(s: Settings) -> Settings:
         raise ConfigError("host: must not be empty")
     if s.api_key is not None and len(s.api_key) < 8:
         raise ConfigError("api_key: use at least 8 characters")
+    _check_kv_pool(s)
     for key in JSON_OBJECT_KEYS:
         text = getattr(s, key)
         if text is not None:
@@ -242,6 +256,20 @@ def validate(s: Settings) -> Settings:
     if s.model is not None and not os.path.isdir(s.model):
         raise ConfigError(f"model: {s.model!r} is not a directory")
     return s
+
+
+def _check_kv_pool(s: Settings) -> None:
+    from appliance.engine.kv_sizing import parse_memory
+    if s.kv_cache_tokens is not None and s.kv_cache_memory is not None:
+        raise ConfigError("kv_cache_tokens, kv_cache_memory: set the KV pool by tokens or by memory, not both")
+    if s.kv_cache_memory is not None:
+        try:
+            parse_memory(s.kv_cache_memory)
+        except ValueError as e:
+            raise ConfigError(f"kv_cache_memory: {e}") from None
+    if s.kv_cache_tokens is not None and s.max_context is not None and s.kv_cache_tokens < s.max_context:
+        raise ConfigError(f"kv_cache_tokens: {s.kv_cache_tokens} is below max_context {s.max_context}: a "
+                          f"sequence could not reach its context (raise it or lower max_context)")
 
 
 def _out_of_bounds(value, meta) -> str | None:

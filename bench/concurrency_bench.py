@@ -112,7 +112,7 @@ def run_level(base: str, model: str, n: int, prompt_len: int, max_tokens: int, v
                    - total(before, "appliance_cpu_throttled_seconds_total"))
     preempted = total(after, "appliance_kv_preemptions_total") - total(before, "appliance_kv_preemptions_total")
     if preempted:
-        print(f"warning: {preempted:.0f} streams were cut short by a full KV pool at {n} streams", file=sys.stderr)
+        print(f"warning: {preempted:.0f} streams were paused by a full KV pool at {n} streams", file=sys.stderr)
     return {"streams": n, "aggregate": aggregate, "per_stream": aggregate / n,
             "ms_per_step": 1e3 * step_s / batched if batched else float("nan"),   # observed once per token
             "mean_batch": batched / steps if steps else float("nan"), "wall_s": wall,

@@ -22,6 +22,8 @@ class Segment:
     qpos: np.ndarray = None        # int32[rows] position of each query row
     selection: object = None       # per-layer sparse block choice, set by sparse attention
     vision: object = None          # the sequence's image inputs (a multimodal family's), or None
+    prefill: bool = False          # prompt rows: block-sparse attention chooses their blocks as a
+                                   # prefill does, even for a one-row chunk
 
 
 @dataclass

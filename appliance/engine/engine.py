@@ -4,16 +4,17 @@
     for event in engine.generate("Hello", max_tokens=16):
         print(event.text, end="")
 
-The step API (start / prefill / decode / release) is what the server's scheduler
-drives: `decode` advances every running sequence by one token in one batched
-forward pass (one GEMM per weight matrix for all of them). The engine is not
-thread-safe: one thread drives it.
+The step API (start / step / release, and preempt / resume) is what the server's
+scheduler drives: `step` runs, in one batched forward pass (one GEMM per weight
+matrix for all of them), one token of every decoding sequence and the next prompt
+chunk of every sequence still in prefill. `prefill` and `decode` are its two pure
+cases. A sequence starts from the longest start of its tokens the prefix cache
+holds (prefix_cache.py); the engine is not thread-safe: one thread drives it.
 """
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +24,17 @@ from appliance.kernels import cpu
 from appliance.engine import stats as profiler
 from appliance.models import images as image_io
 from appliance.errors import ContextLengthError, KVCacheFullError, ModelLoadError
-from appliance.engine.kv_cache import PagedKVCache, PromptImportance, SequenceBlocks
+from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
+from appliance.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from appliance.engine.sequence_cache import SequenceCache
+from appliance.engine.steps import StepAPI, _Work
 from appliance.models import read_family
-from appliance.engine.batch import Batch, Segment
 from appliance.kernels.dispatch import kernels
 from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_softmax
-from appliance.options import DEFAULT_MAX_CONTEXT, KV_BLOCK, KV_FORMATS, WEIGHT_FORMATS, SparseConfig
-from appliance.engine.sparse import make_attention
+from appliance.options import DEFAULT_MAX_CONTEXT, KV_FORMATS, WEIGHT_FORMATS, SparseConfig
+from appliance.engine.kv_setup import DEFAULT_DISK_BYTES, build_kv
 from appliance.engine.tokenizer import Tokenizer
-from appliance.weights.loader import load_tensors
+from appliance.weights.loader import Checkpoint, load_tensors, quantizer_fingerprint
 from appliance.weights.report import CacheReport
 
 __all__ = ["Engine", "Sequence", "TokenEvent", "ContextLengthError", "KVCacheFullError"]
@@ -52,6 +55,7 @@ class TokenEvent:
     top_logprobs: list[tuple[int, str, float]] | None = None
     step_s: float = 0.0                        # wall time of the step that produced the token
     prefill_s: float | None = None             # set on the first token: time spent on the prompt
+    cached_tokens: int = 0                     # set on the first token: prompt tokens the prefix cache gave
 
 
 class Sequence:
@@ -80,18 +84,17 @@ class Sequence:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    # Set while the prompt is computed over several steps (Engine.step).
+    prefill_clock = None
+
+    @property
+    def prefill_remaining(self) -> int:
+        """Positions prefill has yet to compute or read from disk (0: the sequence decodes)."""
+        return 0 if self.prefilled else max(1, self.blocks.prefill_to - self.blocks.length)
+
 
 @dataclass
-class _Work:
-    """Rows of one sequence in a forward pass."""
-
-    seq: Sequence
-    token_ids: list[int]
-    pos_start: int
-
-
-@dataclass
-class Engine:
+class Engine(StepAPI):
     model: object
     config: object
     tokenizer: Tokenizer
@@ -106,6 +109,12 @@ class Engine:
     weight_bytes: int = 0
     sparse: SparseConfig | None = None
     attention: object = None                   # ExactAttention or SparseAttention over `cache`
+    prefix: PrefixCache | None = None          # the prefix cache over `cache`, if on
+    sequences: SequenceCache = None            # puts sequences' blocks in `cache`
+    pool_sizing: str = ""                      # how the KV pool's size was chosen
+    # Under a mixed step, disk blocks read per sequence and step: about 1-2 MB each for a
+    # 0.6B model, so 16 keep a step's reading near a decode step's time on eMMC.
+    disk_blocks_per_step: int = 16
     weight_cache: CacheReport | None = None    # what the quantized weight cache did at load
     # Callables that receive every stats object the engine emits (engine/stats.py).
     listeners: list = field(default_factory=list, repr=False)
@@ -114,12 +123,18 @@ class Engine:
     @classmethod
     def load(cls, path=None, weights: str | None = None, kv: str = "q8", threads: int | None = None,
              max_context: int | None = None, kv_cache_tokens: int | None = None,
-             sparse=None, prefill_chunk: int = 512, progress: bool = True) -> "Engine":
+             sparse=None, prefill_chunk: int = 512, progress: bool = True,
+             kv_cache_memory: str | None = None, prefix_cache: bool = False,
+             kv_cache_dir=None, kv_cache_disk_bytes: int = DEFAULT_DISK_BYTES) -> "Engine":
         """Load a Hugging Face checkpoint directory (None: the embedded demo model).
 
         weights: "q8", "q4" or "f32"; None takes the family's default (q8; q4 for MoE).
         sparse: None (exact attention), a SparseConfig, or a dict of its fields
         ({"k": 32, "block": 32, "probe": 8, "probe_mode": "bound"}) for block-sparse attention.
+        The KV pool holds kv_cache_tokens, or kv_cache_memory ("4G", "40%" of available memory),
+        or by default a share of the memory left after the weights (kv_sizing.py); never less
+        than one context (ValueError). prefix_cache: keep full KV blocks for later prompts that
+        start the same way; kv_cache_dir (bounded by kv_cache_disk_bytes) keeps them across restarts.
         """
         if isinstance(sparse, dict):
             sparse = SparseConfig(**sparse)
@@ -142,16 +157,20 @@ class Engine:
         if hasattr(model, "prepare_vision"):
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
-        cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kind=kv,
-                             block_size=sparse.block if sparse else KV_BLOCK,
-                             capacity_tokens=max(kv_cache_tokens or limit, limit))
-        engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=cache, weights=weights, kv=kv,
+        weight_bytes = sum(t.nbytes for t in tensors.values())
+        identity = None
+        if prefix_cache:
+            identity = {"model": Checkpoint(model_dir).identity(), "weights": weights,
+                        "quantizer": quantizer_fingerprint(), "kernels": kernels.kernel_path()}
+        kvs = build_kv(cfg, kv, sparse, limit, weight_bytes=weight_bytes, kv_cache_tokens=kv_cache_tokens,
+                       kv_cache_memory=kv_cache_memory, prefix_cache=prefix_cache, identity=identity,
+                       kv_cache_dir=kv_cache_dir, kv_cache_disk_bytes=kv_cache_disk_bytes)
+        engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=kvs.cache, weights=weights, kv=kv,
                      threads=threads, max_context=limit, model_dir=model_dir,
                      generation_defaults=_sampling_defaults(gen),
-                     prefill_chunk=prefill_chunk, sparse=sparse,
-                     weight_bytes=sum(t.nbytes for t in tensors.values()),
-                     attention=make_attention(cache, cfg.head_dim, cfg.num_hidden_layers, sparse),
-                     weight_cache=cache_report)
+                     prefill_chunk=prefill_chunk, sparse=sparse, weight_bytes=weight_bytes,
+                     attention=kvs.attention, weight_cache=cache_report, prefix=kvs.prefix,
+                     sequences=kvs.sequences, pool_sizing=kvs.sizing)
         return engine
 
     @property
@@ -169,6 +188,9 @@ class Engine:
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token_per_layer": self.cache.bytes_per_token_per_layer,
             "kv_blocks_total": self.cache.blocks_total, "kv_block_size": self.cache.block_size,
+            "kv_tokens_total": self.cache.capacity_tokens, "kv_pool_sizing": self.pool_sizing,
+            "kv_pool_bytes": self.cache.nbytes, "prefix_cache": self.prefix is not None,
+            "kv_cache_dir": None if self.prefix is None or self.prefix.store is None else str(self.prefix.store.dir),
             "sparse": None if self.sparse is None else {"k": self.sparse.k, "block": self.sparse.block,
                                                          "probe": self.sparse.probe,
                                                          "probe_mode": self.sparse.probe_mode},
@@ -180,7 +202,29 @@ class Engine:
 
     @property
     def kv_blocks_used(self) -> int:
+        """Blocks running sequences hold (the prefix cache's idle blocks are not counted)."""
         return self.cache.blocks_used
+
+    @property
+    def kv_blocks_available(self) -> int:
+        """Blocks a sequence can get now: free or idle in the prefix cache."""
+        return self.cache.blocks_available
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return None if self.prefix is None else self.prefix.stats()
+
+    def persist(self, limit: int | None = None) -> int:
+        """Queue up to `limit` cached blocks the disk store lacks for writing (the server does it
+        while idle, so that a restart or a power cut loses little); returns how many."""
+        return 0 if self.prefix is None else self.prefix.persist(limit)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Keep the prefix cache for the next start: every cached block not yet on disk is written,
+        the most recent first, within `timeout` seconds. True if all was written (or no disk store)."""
+        if self.prefix is None or self.prefix.store is None:
+            return True
+        self.prefix.persist()
+        return self.prefix.store.flush(timeout)
 
     def add_stats_listener(self, fn) -> None:
         self.listeners.append(fn)
@@ -225,10 +269,8 @@ class Engine:
         images: prepared (ImageInput), one per placeholder."""
         return self.model.prepare_vision(list(prompt_ids), list(images))[0]
 
-    # ---- the step API --------------------------------------------------------
-    def start(self, prompt_ids: list[int], params: SamplingParams, images: list | None = None) -> Sequence:
-        """A new sequence. images: for a multimodal model, one per image placeholder of the prompt
-        (anything prepare_image takes); their tokens are expanded here and encoded at prefill."""
+    # ---- sequences ------------------------------------------------------------
+    def _new_sequence(self, prompt_ids, params: SamplingParams, images) -> Sequence:
         vision = None
         if images:
             prompt_ids, vision = self.model.prepare_vision(list(prompt_ids),
@@ -242,66 +284,7 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
         seq = Sequence(prompt_ids, params, self.tokenizer)
         seq.vision = vision
-        self.cache.reserve(seq.blocks, len(prompt_ids))   # all or nothing: fail before any work
         return seq
-
-    def prefill(self, seq: Sequence) -> TokenEvent:
-        """Compute the prompt in chunks and sample the first token."""
-        t0 = time.perf_counter()
-        self._encode_images(seq)
-        timer = profiler.StepTimer()
-        logits = self._prefill_chunks(seq, timer)
-        total = time.perf_counter() - t0
-        seq.prefilled = True
-        self._emit(profiler.PrefillStats(n_tokens=len(seq.prompt_ids), n_context=seq.n_context, total_s=total,
-                                         gemm_s=timer.gemm_s, attn_s=timer.attn_s))
-        event = self._accept(seq, logits[0], total)
-        event.prefill_s = total
-        return event
-
-    def _encode_images(self, seq: Sequence) -> None:
-        """The vision tower over the sequence's images, once, before its prompt is computed."""
-        if seq.vision is None or seq.vision.embeds is not None:
-            return
-        t0 = time.perf_counter()
-        timer = profiler.StepTimer()
-        self.model.encode_images(seq.vision, timer)
-        self._emit(profiler.VisionStats(n_images=len(seq.vision.images),
-                                        n_patches=sum(len(i.pixel_values) for i in seq.vision.images),
-                                        n_tokens=seq.vision.n_image_tokens,
-                                        total_s=time.perf_counter() - t0, gemm_s=timer.gemm_s,
-                                        attn_s=timer.attn_s))
-
-    def _prefill_chunks(self, seq: Sequence, timer) -> np.ndarray:
-        """The prompt through the model in chunks; the last row's logits."""
-        ids = seq.prompt_ids
-        if self.sparse is not None:
-            seq.blocks.importance = PromptImportance(np.zeros((self.config.num_hidden_layers, len(ids)), np.float32))
-        for start in range(0, len(ids), self.prefill_chunk):
-            chunk = ids[start:start + self.prefill_chunk]
-            last = start + len(chunk) >= len(ids)
-            logits = self._forward([_Work(seq, chunk, start)], timer, rows="last" if last else "none")
-        return logits
-
-    def decode(self, seqs: list[Sequence]) -> list[TokenEvent]:
-        """One token for each running sequence, in one batched forward pass."""
-        live = [s for s in seqs if not s.done]
-        if not live:
-            return []
-        t0 = time.perf_counter()
-        timer = profiler.StepTimer()
-        work = [_Work(s, [s.output_ids[-1]], s.n_context) for s in live]
-        logits = self._forward(work, timer, rows="last")
-        total = time.perf_counter() - t0
-        contexts = [s.n_context for s in live]
-        self._emit(profiler.DecodeStats(batch=len(live), n_context=max(contexts), total_s=total,
-                                        gemm_s=timer.gemm_s, attn_s=timer.attn_s, contexts=contexts))
-        return [self._accept(s, row, total) for s, row in zip(live, logits)]
-
-    def release(self, seq: Sequence) -> None:
-        self.cache.release(seq.blocks)
-        if seq.finish_reason is None:
-            seq.finish_reason = "abort"
 
     # ---- whole generations -------------------------------------------------
     def generate(self, prompt, stream: bool = True, images: list | None = None, **sampling):
@@ -352,13 +335,14 @@ class Engine:
 
     def logits(self, token_ids, images: list | None = None) -> np.ndarray:
         """float32[len(token_ids), vocab]: every position's logits, one pass from an empty cache
-        (with images: over the prompt with its image tokens expanded)."""
-        seq = self.start([int(t) for t in token_ids], SamplingParams(max_tokens=1), images=images)
+        (with images: over the prompt with its image tokens expanded). The prefix cache is not used."""
+        seq = self._new_sequence([int(t) for t in token_ids], SamplingParams(max_tokens=1), images)
         ids = seq.prompt_ids
         timer = profiler.StepTimer()
         try:
+            self.cache.reserve(seq.blocks, len(ids))
             self._encode_images(seq)
-            rows = [self._forward([_Work(seq, ids[s:s + self.prefill_chunk], s)], timer, rows="all")
+            rows = [self._forward([_Work(seq, ids[s:s + self.prefill_chunk], s, prefill=True)], timer, rows="all")
                     for s in range(0, len(ids), self.prefill_chunk)]
         finally:
             self.release(seq)
@@ -380,41 +364,20 @@ class Engine:
         timer = profiler.StepTimer()
         out = []
         try:
-            logits = self._prefill_chunks(seq, timer)
+            while seq.blocks.pending is not None:
+                self.sequences.load(seq)
+            for s in range(seq.n_context, prefix_len, self.prefill_chunk):
+                e = min(prefix_len, s + self.prefill_chunk)
+                logits = self._forward([_Work(seq, ids[s:e], s, logits=int(e == prefix_len), prefill=True)], timer)
             for pos in range(prefix_len, len(ids)):
                 out.append(float(log_softmax(logits[0])[ids[pos]]))
                 if pos + 1 < len(ids):
-                    logits = self._forward([_Work(seq, [ids[pos]], pos)], timer, rows="last")
+                    logits = self._forward([_Work(seq, [ids[pos]], pos)], timer)
         finally:
             self.release(seq)
         return out
 
     # ---- internals -----------------------------------------------------------
-    def _forward(self, work: list[_Work], timer, rows: str) -> np.ndarray:
-        """Run rows of several sequences through the model; logits of the rows asked for."""
-        # Reserve for every sequence before any length moves: a KVCacheFullError then leaves
-        # all sequences as they were (extra reserved blocks are harmless and reused next step).
-        for w in work:
-            self.cache.reserve(w.seq.blocks, w.pos_start + len(w.token_ids))
-        segments, tokens, positions, row = [], [], [], 0
-        for w in work:
-            n = len(w.token_ids)
-            w.seq.blocks.length = w.pos_start + n
-            table, blockpos, count = w.seq.blocks.views(self.cache.block_size)
-            qpos = np.arange(w.pos_start, w.pos_start + n, dtype=np.int32)
-            segments.append(Segment(w.seq.blocks, row, row + n, w.pos_start, table, blockpos, count, qpos,
-                                    vision=w.seq.vision))
-            tokens += w.token_ids
-            positions.append(qpos)
-            row += n
-        batch = Batch(np.asarray(tokens, dtype=np.intp), np.concatenate(positions), segments)
-        hidden = self.model.forward(batch, self.attention, timer)
-        if rows == "none":
-            return hidden[:0]
-        if rows == "last":
-            hidden = hidden[[s.row_end - 1 for s in segments]]
-        return self.model.logits(hidden, timer)
-
     def _accept(self, seq: Sequence, logits: np.ndarray, step_s: float) -> TokenEvent:
         """Sample from one row of logits, update the sequence, say what the user sees."""
         token = seq.sampler(logits)
@@ -439,6 +402,83 @@ class Engine:
         return TokenEvent(token_id=token, text=text, finish_reason=seq.finish_reason,
                           prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
                           logprob=logprob, top_logprobs=top, step_s=step_s)
+
+    # ---- retrieval: embeddings and reranking (encoder.py, pooling.py, rerank.py) ------------
+    def __post_init__(self) -> None:
+        # An embedding checkpoint's pooling files are read at load: one this engine cannot follow
+        # (a Dense module, say) refuses the load rather than its first request.
+        from appliance.engine.pooling import Pooling
+        self._pooling = Pooling.from_model_dir(self.model_dir) if self.default_task() == "embed" else None
+        self._rerank_prompt = None
+
+    def default_task(self) -> str:
+        """What the checkpoint is for when nobody says: "embed" for an embedding export
+        (sentence-transformers files, a bare base model, or no output head), else "chat". A
+        Qwen3-Reranker is saved as a chat model is: it is served for "rerank" only when asked."""
+        from appliance.engine.pooling import checkpoint_task
+        if not getattr(self.config, "has_lm_head", True):
+            return "embed"
+        return checkpoint_task(self.model_dir) or "chat"
+
+    @property
+    def pooling(self):
+        """How embed() pools: the checkpoint's sentence-transformers files, else last token + L2."""
+        if self._pooling is None:
+            from appliance.engine.pooling import Pooling
+            self._pooling = Pooling.from_model_dir(self.model_dir)
+        return self._pooling
+
+    @property
+    def embedding_size(self) -> int:
+        """Components of an embedding before any truncation (several pooling modes concatenate)."""
+        return len(self.pooling.modes) * self.config.hidden_size
+
+    def embed(self, inputs, dimensions: int | None = None, stop=None) -> np.ndarray:
+        """float32[n, D]: the embedding of each input (a string, a list of strings, token ids, or a list
+        of token-id lists), pooled and normalised as the checkpoint says, in batched passes (one for
+        up to encoder.MAX_PASS_ROWS tokens); `dimensions` keeps the first D components, normalised
+        again (Matryoshka). stop() is asked between passes (encoder.Abandoned). The KV blocks used
+        are released before it returns; the prefix cache is not used."""
+        from appliance.engine.encoder import embed_ids, encode_inputs
+        if dimensions is not None and not 1 <= dimensions <= self.embedding_size:
+            raise ValueError(f"dimensions must be in 1..{self.embedding_size}, got {dimensions}")
+        vectors, stats = embed_ids(self, self.pooling, encode_inputs(self, inputs), dimensions, stop)
+        self._emit(stats)
+        return vectors
+
+    def rerank_prompt(self):
+        """The Qwen3-Reranker prompt for this tokenizer and context (rerank.RerankPrompt)."""
+        if self._rerank_prompt is None:
+            from appliance.engine.rerank import RerankPrompt
+            self._rerank_prompt = RerankPrompt(self.tokenizer, self.max_context)
+        return self._rerank_prompt
+
+    def rerank_ids(self, sequences: list[list[int]], stop=None) -> list[float]:
+        """P("yes") of prompts made by rerank_prompt().pair_ids, in batched passes (see embed)."""
+        from appliance.engine.rerank import relevance
+        scores, stats = relevance(self, self.rerank_prompt(), sequences, stop)
+        self._emit(stats)
+        return scores
+
+    # `score` took only token ids before it took queries; that form lives on under this name.
+    _score_tokens = score
+
+    def score(self, query, documents=None, *, instruction: str | None = None, prefix_len: int | None = None,
+              stop=None):
+        """Two forms, told apart by the first argument's type:
+
+        score(query: str, documents: list[str], instruction=None) -> list[float]: how relevant each
+            document is to the query, 0..1, as a Qwen3-Reranker judges it (rerank.py); instruction
+            replaces the model card's default web-search one.
+        score(token_ids, prefix_len) -> list[float]: the log-probabilities of token_ids[prefix_len:]
+            given what precedes each (teacher forcing; `appliance eval ppl`).
+        """
+        if not isinstance(query, str):
+            return self._score_tokens(query, documents if prefix_len is None else prefix_len)
+        if not isinstance(documents, (list, tuple)) or not all(isinstance(d, str) for d in documents):
+            raise TypeError("documents must be a list of strings")
+        prompt = self.rerank_prompt()
+        return self.rerank_ids([prompt.pair_ids(query, d, instruction) for d in documents], stop) if documents else []
 
 
 def _read_generation_config(model_dir: Path) -> dict:

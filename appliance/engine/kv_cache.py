@@ -7,8 +7,9 @@ Per layer the pool holds, head-major inside each block (bs = block_size tokens):
 and the same for V. All layers live in one array per field ([n_layers, ...]), made
 with np.zeros so the OS commits pages only as blocks are first written.
 
-A sequence owns a list of physical block ids (its block table); logical block i
-holds positions [i*bs, (i+1)*bs).
+A sequence holds a list of physical block ids (its block table); logical block i
+holds positions [i*bs, (i+1)*bs). Full blocks can be shared by several sequences and
+outlive them (prefix_cache.py): the pool's BlockPool counts who holds what.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from appliance.kernels import quant, reference
 from appliance.kernels.dispatch import kernels
 from appliance.options import KV_FORMATS
 from appliance.errors import KVCacheFullError
+from appliance.engine.prefix_cache import BlockPool
 
 
 def bytes_per_token_per_layer(kind: str, n_kv: int, head_dim: int) -> int:
@@ -42,6 +44,20 @@ class PromptImportance:
     # float32[n_layers, n_blocks]: `tokens` summed per KV block (zero past the prompt), made once
     # when decode first reads it; summing the prompt every step cost 0.8 ms a token at 8K.
     block_sums: np.ndarray | None = None
+    # float32[n_layers, cached blocks]: the mass the queries of a cached prefix gave its blocks
+    # (prefix_cache.py); their rows were not computed again, so `tokens` lacks it.
+    base: np.ndarray | None = None
+
+    def prefix_block_sums(self, n_blocks: int, block_size: int) -> np.ndarray:
+        """float32[n_layers, n_blocks]: the mass per block from the queries computed so far (and
+        the cached prefix's), which is what a prefix of n_blocks full blocks carries to a later hit."""
+        n = n_blocks * block_size
+        if n > self.tokens.shape[1]:
+            raise ValueError(f"{n_blocks} blocks reach past the prompt's {self.tokens.shape[1]} tokens")
+        sums = self.tokens[:, :n].reshape(self.tokens.shape[0], n_blocks, block_size).sum(axis=2)
+        if self.base is not None:
+            sums[:, :self.base.shape[1]] += self.base
+        return sums
 
 
 @dataclass
@@ -51,6 +67,14 @@ class SequenceBlocks:
     blocks: list[int] = field(default_factory=list)
     length: int = 0
     importance: PromptImportance | None = None   # recorded by a sparse prefill, else None
+    # The prefix cache's view (engine/sequence_cache.py):
+    names: list[bytes] = field(default_factory=list)   # hashes of the full blocks, in order
+    registered: int = 0          # leading full blocks offered to the prefix cache so far
+    cached_tokens: int = 0       # positions that came from the prefix cache at the last start
+    prefill_to: int = 0          # positions prefill computes (the prompt; after a preemption, all
+                                 # but the last generated token)
+    pending: object = None       # prefix_cache.Hit while cached blocks are read from disk
+    extras: object = None        # block index -> bytes of image content its hash includes
 
     def views(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(table, blockpos, count) int32 arrays for the attention kernels: the filled blocks in order.
@@ -91,8 +115,7 @@ class PagedKVCache:
             self.k = np.zeros(shape + (head_dim,), np.float32)
             self.v = np.zeros(shape + (head_dim,), np.float32)
             self.k_scale = self.v_scale = None
-        # Lowest ids first: a fresh pool fills from the start of the arrays.
-        self._free = list(range(self.n_blocks - 1, -1, -1))
+        self.pool = BlockPool(self.n_blocks)
         self.probe_k = self.probe_k_scale = None     # see enable_probe_rows
         self.probe_step = 0
         self.bound_k = self.bound_k_scale = None     # see enable_bound_rows
@@ -156,7 +179,17 @@ class PagedKVCache:
 
     @property
     def blocks_used(self) -> int:
-        return self.n_blocks - len(self._free)
+        """Blocks some sequence holds (idle cached blocks are not used: the pool takes them back)."""
+        return self.pool.held
+
+    @property
+    def blocks_available(self) -> int:
+        """Blocks a sequence can get now: free, or idle in the prefix cache."""
+        return self.pool.available
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.n_blocks * self.block_size
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -174,20 +207,44 @@ class PagedKVCache:
         return max(0, -(-new_length // self.block_size) - len(seq.blocks))
 
     # ---- allocation -------------------------------------------------------
-    def reserve(self, seq: SequenceBlocks, new_length: int) -> None:
-        """Make sure `seq` has blocks for `new_length` positions (all or nothing)."""
+    def reserve(self, seq: SequenceBlocks, new_length: int, keep_available: int = 0) -> None:
+        """Make sure `seq` has blocks for `new_length` positions (all or nothing), leaving at
+        least `keep_available` blocks for others."""
         need = self.blocks_needed(seq, new_length)
-        if need > len(self._free):
-            raise KVCacheFullError(f"KV cache full: {need} more blocks needed, {len(self._free)} free "
-                                   f"of {self.n_blocks}")
+        if need + keep_available > self.pool.available:
+            raise KVCacheFullError(f"KV cache full: {need} more blocks needed, {self.pool.available} available "
+                                   f"of {self.n_blocks}" + (f" ({keep_available} kept for running sequences)"
+                                                            if keep_available else ""))
         for _ in range(need):
-            seq.blocks.append(self._free.pop())
+            seq.blocks.append(self.pool.take())
 
     def release(self, seq: SequenceBlocks) -> None:
-        self._free.extend(reversed(seq.blocks))
+        """Give the sequence's blocks back: named ones stay in the prefix cache, idle."""
+        for block in reversed(seq.blocks):
+            self.pool.drop(block)
         seq.blocks.clear()
         seq.length = 0
         seq.importance = None
+        seq.registered = 0
+
+    # ---- whole blocks (the prefix cache's disk tier) ----------------------------
+    def _block_arrays(self) -> dict[str, np.ndarray]:
+        """Every per-block array of the pool, [n_layers, n_blocks, ...] each."""
+        arrays = {"k": self.k, "v": self.v, "k_scale": self.k_scale, "v_scale": self.v_scale,
+                  "probe_k": self.probe_k, "probe_k_scale": self.probe_k_scale,
+                  "bound_k": self.bound_k, "bound_k_scale": self.bound_k_scale}
+        return {name: a for name, a in arrays.items() if a is not None}
+
+    def block_layout(self) -> dict[str, tuple[np.dtype, tuple]]:
+        """{array: (dtype, shape of one block's part)}: what a stored block must hold."""
+        return {name: (a.dtype, (a.shape[0],) + a.shape[2:]) for name, a in self._block_arrays().items()}
+
+    def block_view(self, block: int) -> dict[str, np.ndarray]:
+        """Writable views of one physical block in every array."""
+        return {name: a[:, block] for name, a in self._block_arrays().items()}
+
+    def block_copy(self, block: int) -> dict[str, np.ndarray]:
+        return {name: a[:, block].copy() for name, a in self._block_arrays().items()}
 
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:

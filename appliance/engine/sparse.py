@@ -68,7 +68,7 @@ class SparseAttention(ExactAttention):
         for seg in batch.segments:
             rows = slice(seg.row_start, seg.row_end)
             self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
-            if seg.row_end - seg.row_start == 1:
+            if seg.row_end - seg.row_start == 1 and not seg.prefill:
                 self._decode(layer, q[rows], seg, out[rows])
             else:
                 self._prefill(layer, q[rows], seg, out[rows])
@@ -128,9 +128,13 @@ class SparseAttention(ExactAttention):
         if imp is None:
             return None
         if imp.block_sums is None or imp.block_sums.shape[1] < nb:
-            # Once per sequence: room for every block of the pool, so the sums never need growing.
-            width = max(nb, self.cache.n_blocks)
+            # Made once, then again only when the context doubles: a pool sized by memory holds far
+            # more blocks than one sequence reaches, so room for all of them cost more than it saved.
+            prompt_blocks = -(-imp.tokens.shape[1] // self.config.block)
+            width = max(nb, prompt_blocks, 2 * (imp.block_sums.shape[1] if imp.block_sums is not None else 0))
             imp.block_sums = np.stack([block_importance(row, width, self.config.block) for row in imp.tokens])
+            if imp.base is not None:             # the cached prefix's share (prefix_cache.py)
+                imp.block_sums[:, :imp.base.shape[1]] += imp.base
         return imp.block_sums[layer, :nb]
 
     def _probe(self, layer: int, q: np.ndarray, table: np.ndarray, count: np.ndarray) -> np.ndarray:

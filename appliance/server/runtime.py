@@ -53,9 +53,11 @@ class Runtime:
         t0 = time.perf_counter()
         try:
             from appliance import Engine
-            extra = {"kv_cache_tokens": s.kv_cache_tokens} if s.kv_cache_tokens else {}
             engine = Engine.load(path=s.model, weights=s.weights, kv=s.kv, threads=s.threads,
-                                 max_context=s.max_context, sparse=s.sparse_config(), **extra)
+                                 max_context=s.max_context, sparse=s.sparse_config(),
+                                 kv_cache_tokens=s.kv_cache_tokens, kv_cache_memory=s.kv_cache_memory,
+                                 prefix_cache=not s.disable_prefix_cache, kv_cache_dir=s.kv_cache_dir,
+                                 kv_cache_disk_bytes=s.kv_cache_disk_bytes)
         except Exception as e:
             self.status = "failed"
             self.error = f"{type(e).__name__}: {e}"
@@ -95,7 +97,7 @@ class Runtime:
         engine.add_stats_listener(self.metrics.observe)
         engine.add_stats_listener(self.live.observe)
         scheduler = Scheduler(engine, max_queue=s.max_queue, max_batch=s.max_batch,
-                              request_timeout=s.request_timeout)
+                              request_timeout=s.request_timeout, max_step_tokens=s.max_step_tokens)
         scheduler.add_listener(self.metrics.observe)
         scheduler.add_listener(self.live.observe)
         self.info = dict(engine.info())
@@ -120,6 +122,14 @@ class Runtime:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
+        if self.engine is not None:
+            # The prefix cache's blocks go to --kv-cache-dir for the next start (a restart, an upgrade).
+            t0 = time.perf_counter()
+            complete = self.engine.close(timeout=max(5.0, self.settings.grace_period))
+            stats = self.engine.prefix_cache_stats()
+            if stats is not None and stats.disk is not None:
+                log.info("KV cache kept on disk in %.1f s: %d files, %.1f MiB%s", time.perf_counter() - t0,
+                         stats.disk.files, stats.disk.bytes / 2**20, "" if complete else " (time ran out)")
         self.thermal.stop()
 
     # ---- facts ------------------------------------------------------------------
@@ -141,6 +151,25 @@ class Runtime:
             "waiting": st.waiting if st else 0,
             "kv_blocks_used": st.kv_blocks_used if st else 0,
             "kv_blocks_total": st.kv_blocks_total if st else 0,
+            "kv_blocks_cached": st.kv_blocks_cached if st else 0,
+            "kv_tokens_total": st.kv_tokens_total if st else 0,
+            "preemptions": st.preemptions if st else 0,
+            "step_tokens": st.step_tokens if st else 0,
             "max_batch": self.settings.max_batch,
             "max_queue": self.settings.max_queue,
+            "prefix_cache": _prefix_facts(st.prefix if st else None),
         }
+
+
+def _prefix_facts(stats) -> dict | None:
+    """The prefix cache as /health and the dashboard show it (tokens, and the disk tier)."""
+    if stats is None:
+        return None
+    out = {"query_tokens": stats.query_tokens, "hit_tokens": stats.hit_tokens,
+           "hit_ratio": round(stats.hit_ratio, 4), "disk_hit_tokens": stats.disk_hit_tokens,
+           "blocks_cached": stats.blocks_cached, "blocks_idle": stats.blocks_idle}
+    if stats.disk is not None:
+        d = stats.disk
+        out["disk"] = {"files": d.files, "bytes": d.bytes, "max_bytes": d.max_bytes, "written": d.written,
+                       "loaded": d.loaded, "rejected": dict(d.rejected)}
+    return out

@@ -16,6 +16,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
+from appliance.engine.retrieval_stats import RetrievalStats
 from appliance.weights.report import CacheReport
 from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
 
@@ -50,6 +51,7 @@ class _LiveCollector:
 
     def collect(self):
         yield from self._scheduler()
+        yield from self._prefix_cache()
         yield from self._thermal()
 
     def _scheduler(self):
@@ -64,9 +66,18 @@ class _LiveCollector:
         ctx_sum = GaugeMetricFamily("appliance_running_context_tokens",
                                     "Context tokens held by all running requests together.")
         preempted = CounterMetricFamily("appliance_kv_preemptions",
-                                        "Requests ended early because the KV cache could not grow.")
+                                        "Running requests paused (and resumed later by recomputing) because "
+                                        "the KV cache could not grow them.")
+        tokens = GaugeMetricFamily("appliance_kv_cache_capacity_tokens", "KV cache pool size in tokens.")
+        cached = GaugeMetricFamily("appliance_kv_cache_cached_blocks",
+                                   "Idle KV blocks the prefix cache keeps for later prompts (reusable).")
+        step = GaugeMetricFamily("appliance_step_tokens",
+                                 "Rows one step computes while streams decode (their tokens plus prompt chunks).")
         if state is not None:
             preempted.add_metric([], state.preemptions)
+            tokens.add_metric([], state.kv_tokens_total)
+            cached.add_metric([], state.kv_blocks_cached)
+            step.add_metric([], state.step_tokens)
             running.add_metric([], state.running)
             waiting.add_metric([], state.waiting)
             used.add_metric([], state.kv_blocks_used)
@@ -74,7 +85,40 @@ class _LiveCollector:
             usage.add_metric([], state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
             ctx.add_metric([], max(state.contexts, default=0))
             ctx_sum.add_metric([], sum(state.contexts))
-        yield from (running, waiting, used, total, usage, ctx, ctx_sum, preempted)
+        yield from (running, waiting, used, total, usage, ctx, ctx_sum, preempted, tokens, cached, step)
+
+    def _prefix_cache(self):
+        """The prefix cache and its disk tier, from the engine's PrefixCacheStats in the state."""
+        state = self.owner.queue_state()
+        stats = getattr(state, "prefix", None)
+        if stats is None:
+            return
+        yield _counter("appliance_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                       stats.query_tokens)
+        yield _counter("appliance_prefix_cache_hits", "Prompt tokens the prefix cache gave (not computed).",
+                       stats.hit_tokens)
+        yield _counter("appliance_prefix_cache_disk_hits", "Prompt tokens the prefix cache read back from disk.",
+                       stats.disk_hit_tokens)
+        yield _counter("appliance_prefix_cache_evictions", "Idle cached KV blocks reused for other rows.",
+                       stats.evictions)
+        disk = stats.disk
+        if disk is None:
+            return
+        yield _gauge("appliance_kv_disk_bytes", "Bytes of KV blocks in the cache directory.", disk.bytes)
+        yield _gauge("appliance_kv_disk_capacity_bytes", "Bytes the cache directory may hold.", disk.max_bytes)
+        yield _gauge("appliance_kv_disk_files", "KV block files in the cache directory.", disk.files)
+        yield _counter("appliance_kv_disk_written_blocks", "KV blocks written to the cache directory.", disk.written)
+        yield _counter("appliance_kv_disk_loaded_blocks", "KV blocks read back from the cache directory.",
+                       disk.loaded)
+        yield _counter("appliance_kv_disk_dropped_blocks",
+                       "KV blocks not written: the writer was behind or the disk failed.", disk.dropped)
+        rejected = CounterMetricFamily("appliance_kv_disk_rejected_files",
+                                       "KV block files skipped and removed, never used, by reason "
+                                       "(stale format, foreign model or layout, truncated, corrupt).",
+                                       labels=["reason"])
+        for reason, n in sorted(disk.rejected.items()):
+            rejected.add_metric([reason], n)
+        yield rejected
 
     def _thermal(self):
         snap = self.owner.thermal_state()
@@ -112,6 +156,18 @@ class _LiveCollector:
                 secs.add_metric(labels, seconds.get(p.name, 0.0))
             up.add_metric([], 1.0 if snap.throttled else 0.0)
         yield from (temp, cur, cap, hw, thr, secs, up)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family
 
 
 class Metrics:
@@ -168,6 +224,19 @@ class Metrics:
             "appliance_requests", "Requests by outcome.", labelnames=["outcome"], registry=r)
         for outcome in REQUEST_OUTCOMES:
             self.requests.labels(outcome)
+        self.retrieval_inputs = Counter(
+            "appliance_retrieval_inputs", "Inputs embedded (task embed) or documents scored (task rerank).",
+            labelnames=["task"], registry=r)
+        self.retrieval_duration = Histogram(
+            "appliance_retrieval_seconds", "Engine time of one embedding or rerank request, all its passes.",
+            labelnames=["task"], buckets=PREFILL_BUCKETS, registry=r)
+        for task in ("embed", "rerank"):
+            self.retrieval_inputs.labels(task)
+            self.retrieval_duration.labels(task)
+        self.served_model = Gauge(
+            "appliance_served_model_info", "What this server answers to: each name `model` may take, and the "
+            "task it serves (chat, embed, rerank); value 1.", labelnames=["model", "served_name", "task"],
+            registry=r)
         self.model_info = Gauge(
             "appliance_model_info", "The served model and engine settings (value 1).",
             labelnames=["model", "model_type", "weights", "kv", "kernel_path", "threads", "max_context",
@@ -214,6 +283,12 @@ class Metrics:
                                s("max_context"), s("layers"), s("sparse")).set(1)
         self.loaded.set(1)
 
+    def set_served(self, model: str, names, task: str) -> None:
+        """The served names and task (one instance per model on a board: the fleet tells them apart)."""
+        self.served_model.clear()
+        for name in names:
+            self.served_model.labels(model, name, task).set(1)
+
     # ---- inputs ---------------------------------------------------------------
 
     def set_selftest(self, ok: bool) -> None:
@@ -235,6 +310,9 @@ class Metrics:
         elif isinstance(stats, PrefillStats):
             self.prefill.observe(stats.total_s)
             self.prefill_attention.observe(stats.attn_share)
+        elif isinstance(stats, RetrievalStats):
+            self.retrieval_inputs.labels(stats.task).inc(stats.n_inputs)
+            self.retrieval_duration.labels(stats.task).observe(stats.total_s)
         elif isinstance(stats, StepTokens):
             if stats.prompt_tokens:
                 self.prompt_tokens.inc(stats.prompt_tokens)
