@@ -31,6 +31,9 @@ from appliance.options import KV_FORMATS, PROBE_MODES, WEIGHT_FORMATS, SparseCon
 
 ENV_PREFIX = "APPLIANCE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# What a server does with its model: /v1/chat/completions and /v1/completions, /v1/embeddings, or
+# /v1/rerank; one task per process (a board runs one instance per model).
+TASKS = ("chat", "embed", "rerank")
 REASONING_PARSERS = ("qwen3", "none")
 JSON_OBJECT_KEYS = ("chat_template_kwargs",)     # a JSON object as text (a YAML mapping in the file)
 PATH_KEYS = ("model", "sysfs_root", "kv_cache_dir")   # "~/models/..." means the user's home, as in a shell
@@ -54,6 +57,10 @@ def setting(default, help: str, *, choices: tuple | None = None, low=None, high=
 class Settings:
     model: str | None = setting(None, "model directory (Hugging Face layout); default: the embedded demo model",
                                 metavar="DIR")
+    task: str | None = setting(None, "what the model is served for: chat (chat and completions), embed "
+                                     "(/v1/embeddings) or rerank (/v1/rerank, a Qwen3-Reranker); default: embed for "
+                                     "an embedding checkpoint (sentence-transformers files, a bare base model), else "
+                                     "chat", choices=TASKS)
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8080, "port of the API, dashboard and metrics", low=1, high=65535)
     weights: str | None = setting(None, "weight format; default: the model family's (q8; q4 for MoE)",

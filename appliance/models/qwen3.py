@@ -6,8 +6,10 @@ RMSNorm -> fused gate/up -> SiLU(gate) * up -> down_proj -> residual.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from appliance.weights.linear import Embedding, Linear
 from appliance.kernels.dispatch import kernels
 from appliance.engine.batch import Batch
 from appliance.errors import ModelLoadError
+from appliance.weights.safetensors_io import SafetensorsFile
 from appliance.weights.spec import TensorSpec
 
 
@@ -32,6 +35,12 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    # How the checkpoint names its tensors: "model." as Qwen3ForCausalLM saves them, or "" for a
+    # bare Qwen3Model, which is how Qwen3-Embedding ships (its config.json still names
+    # Qwen3ForCausalLM). A bare export may also lack lm_head.weight even when untied (the 8B
+    # embedding model): it then has no output head, and embeds but cannot generate.
+    tensor_prefix: str = "model."
+    has_lm_head: bool = True
 
     @classmethod
     def from_dict(cls, d: dict, path) -> "Qwen3Config":
@@ -69,6 +78,7 @@ class Qwen3Config:
             if getattr(cfg, name) % 32:
                 raise ModelLoadError(path, f"{name} {getattr(cfg, name)} is not a multiple of 32 "
                                          f"(the quantization block)")
+        cfg.tensor_prefix, cfg.has_lm_head = stored_layout(Path(path).parent, cfg.tie_word_embeddings)
         return cfg
 
     @property
@@ -80,12 +90,35 @@ class Qwen3Config:
         return self.num_key_value_heads * self.head_dim
 
 
+def stored_names(model_dir: Path) -> set[str] | None:
+    """The tensor names a checkpoint directory holds (None: no readable weights; the loader says why)."""
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return set(json.loads(index.read_text())["weight_map"])
+        files = sorted(model_dir.glob("*.safetensors"))
+        return set().union(*(SafetensorsFile(f).keys() for f in files)) if files else None
+    except (OSError, ValueError, KeyError, TypeError, ModelLoadError):
+        return None
+
+
+def stored_layout(model_dir: Path, tied: bool) -> tuple[str, bool]:
+    """(tensor prefix, has an output head) of the checkpoint in model_dir.
+
+    Only a bare Qwen3Model export ("embed_tokens.weight" without "model.") changes anything:
+    a causal-LM checkpoint keeps "model." and its lm_head, whose absence the loader reports."""
+    names = stored_names(model_dir)
+    if not names or "model.embed_tokens.weight" in names or "embed_tokens.weight" not in names:
+        return "model.", True
+    return "", tied or "lm_head.weight" in names
+
+
 def head_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
     """Token embedding, final norm and (untied) lm_head."""
     h = cfg.hidden_size
     plan = [TensorSpec("embed", "embedding", [prefix + "embed_tokens.weight"], (cfg.vocab_size, h)),
             TensorSpec("norm", "vector", [prefix + "norm.weight"], (h,))]
-    if not cfg.tie_word_embeddings:
+    if not cfg.tie_word_embeddings and cfg.has_lm_head:
         plan.append(TensorSpec("lm_head", "linear", ["lm_head.weight"], (cfg.vocab_size, h),
                                at_least_q8=True))
     return plan
@@ -125,8 +158,10 @@ def mlp_plan(cfg: Qwen3Config, i: int, prefix: str = "model.") -> list[TensorSpe
             + swiglu_plan(str(i), p + "mlp.", cfg.hidden_size, cfg.intermediate_size))
 
 
-def tensor_plan(cfg: Qwen3Config, prefix: str = "model.") -> list[TensorSpec]:
-    """Our tensors and the checkpoint tensors they come from (fused projections concatenate rows)."""
+def tensor_plan(cfg: Qwen3Config, prefix: str | None = None) -> list[TensorSpec]:
+    """Our tensors and the checkpoint tensors they come from (fused projections concatenate rows);
+    prefix None: the checkpoint's own (cfg.tensor_prefix)."""
+    prefix = cfg.tensor_prefix if prefix is None else prefix
     plan = head_plan(cfg, prefix)
     for i in range(cfg.num_hidden_layers):
         plan += attention_plan(cfg, i, prefix) + mlp_plan(cfg, i, prefix)
@@ -233,7 +268,8 @@ class Qwen3Model:
         self.norm = tensors["norm"]
         self.layers = [self.make_layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
         self.lm_head = (self.embed.as_linear() if cfg.tie_word_embeddings
-                        else Linear.from_tensors("f32" if kind == "f32" else "q8", tensors, "lm_head"))
+                        else Linear.from_tensors("f32" if kind == "f32" else "q8", tensors, "lm_head")
+                        if cfg.has_lm_head else None)
         self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim)
 
     def make_layer(self, cfg: Qwen3Config, i: int, kind: str, tensors: dict) -> Qwen3Layer:
@@ -248,6 +284,8 @@ class Qwen3Model:
         return kernels.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
 
     def logits(self, hidden: np.ndarray, timer) -> np.ndarray:
+        if self.lm_head is None:
+            raise ValueError("this checkpoint has no output head (lm_head): it computes embeddings, not tokens")
         with timer.gemm():
             return self.lm_head(np.ascontiguousarray(hidden))
 

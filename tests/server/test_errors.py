@@ -165,7 +165,7 @@ CASES = [
     ("detokenize strings", "POST", "/detokenize", json.dumps({"tokens": "abc"}), 400, "tokens"),
     ("detokenize past vocab", "POST", "/detokenize", json.dumps({"tokens": [99999999]}), 400, "tokens"),
     ("wrong method", "GET", C, None, 405, None),
-    ("unknown endpoint", "POST", "/v1/embeddings", chat(), 404, None),
+    ("unknown endpoint", "POST", "/v1/moderations", chat(), 404, None),
     ("unknown model card", "GET", "/v1/models/nope", None, 404, "model"),
     ("oversized body", "POST", C, json.dumps({"messages": [{"role": "user", "content": "x" * 100_000}]}), 413, None),
 ]
