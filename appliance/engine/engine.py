@@ -403,6 +403,83 @@ class Engine(StepAPI):
                           prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
                           logprob=logprob, top_logprobs=top, step_s=step_s)
 
+    # ---- retrieval: embeddings and reranking (encoder.py, pooling.py, rerank.py) ------------
+    def __post_init__(self) -> None:
+        # An embedding checkpoint's pooling files are read at load: one this engine cannot follow
+        # (a Dense module, say) refuses the load rather than its first request.
+        from appliance.engine.pooling import Pooling
+        self._pooling = Pooling.from_model_dir(self.model_dir) if self.default_task() == "embed" else None
+        self._rerank_prompt = None
+
+    def default_task(self) -> str:
+        """What the checkpoint is for when nobody says: "embed" for an embedding export
+        (sentence-transformers files, a bare base model, or no output head), else "chat". A
+        Qwen3-Reranker is saved as a chat model is: it is served for "rerank" only when asked."""
+        from appliance.engine.pooling import checkpoint_task
+        if not getattr(self.config, "has_lm_head", True):
+            return "embed"
+        return checkpoint_task(self.model_dir) or "chat"
+
+    @property
+    def pooling(self):
+        """How embed() pools: the checkpoint's sentence-transformers files, else last token + L2."""
+        if self._pooling is None:
+            from appliance.engine.pooling import Pooling
+            self._pooling = Pooling.from_model_dir(self.model_dir)
+        return self._pooling
+
+    @property
+    def embedding_size(self) -> int:
+        """Components of an embedding before any truncation (several pooling modes concatenate)."""
+        return len(self.pooling.modes) * self.config.hidden_size
+
+    def embed(self, inputs, dimensions: int | None = None, stop=None) -> np.ndarray:
+        """float32[n, D]: the embedding of each input (a string, a list of strings, token ids, or a list
+        of token-id lists), pooled and normalised as the checkpoint says, in batched passes (one for
+        up to encoder.MAX_PASS_ROWS tokens); `dimensions` keeps the first D components, normalised
+        again (Matryoshka). stop() is asked between passes (encoder.Abandoned). The KV blocks used
+        are released before it returns; the prefix cache is not used."""
+        from appliance.engine.encoder import embed_ids, encode_inputs
+        if dimensions is not None and not 1 <= dimensions <= self.embedding_size:
+            raise ValueError(f"dimensions must be in 1..{self.embedding_size}, got {dimensions}")
+        vectors, stats = embed_ids(self, self.pooling, encode_inputs(self, inputs), dimensions, stop)
+        self._emit(stats)
+        return vectors
+
+    def rerank_prompt(self):
+        """The Qwen3-Reranker prompt for this tokenizer and context (rerank.RerankPrompt)."""
+        if self._rerank_prompt is None:
+            from appliance.engine.rerank import RerankPrompt
+            self._rerank_prompt = RerankPrompt(self.tokenizer, self.max_context)
+        return self._rerank_prompt
+
+    def rerank_ids(self, sequences: list[list[int]], stop=None) -> list[float]:
+        """P("yes") of prompts made by rerank_prompt().pair_ids, in batched passes (see embed)."""
+        from appliance.engine.rerank import relevance
+        scores, stats = relevance(self, self.rerank_prompt(), sequences, stop)
+        self._emit(stats)
+        return scores
+
+    # `score` took only token ids before it took queries; that form lives on under this name.
+    _score_tokens = score
+
+    def score(self, query, documents=None, *, instruction: str | None = None, prefix_len: int | None = None,
+              stop=None):
+        """Two forms, told apart by the first argument's type:
+
+        score(query: str, documents: list[str], instruction=None) -> list[float]: how relevant each
+            document is to the query, 0..1, as a Qwen3-Reranker judges it (rerank.py); instruction
+            replaces the model card's default web-search one.
+        score(token_ids, prefix_len) -> list[float]: the log-probabilities of token_ids[prefix_len:]
+            given what precedes each (teacher forcing; `appliance eval ppl`).
+        """
+        if not isinstance(query, str):
+            return self._score_tokens(query, documents if prefix_len is None else prefix_len)
+        if not isinstance(documents, (list, tuple)) or not all(isinstance(d, str) for d in documents):
+            raise TypeError("documents must be a list of strings")
+        prompt = self.rerank_prompt()
+        return self.rerank_ids([prompt.pair_ids(query, d, instruction) for d in documents], stop) if documents else []
+
 
 def _read_generation_config(model_dir: Path) -> dict:
     path = model_dir / "generation_config.json"

@@ -110,6 +110,10 @@ _ids = itertools.count(1)
 
 
 class Request:
+    # Work that uses the engine but generates nothing (embeddings, reranking): job(engine, stop) runs
+    # whole on the scheduler thread between two steps; its return value is the request's one event.
+    job = None
+
     def __init__(self, prompt_ids: list[int], params: Any, timeout: float, images: list | None = None,
                  session: str | None = None):
         self.id = next(_ids)
@@ -214,6 +218,20 @@ class Scheduler:
         """Admit a request into the queue, or raise QueueFullError / ShuttingDownError.
         session: the client's session key, if it sent one (logged with the request)."""
         req = Request(prompt_ids, params, timeout or self.request_timeout, images, session)
+        return self._enqueue(req)
+
+    def submit_job(self, job: Callable[[Any, Callable[[], bool]], Any], prompt_ids: list[int],
+                   timeout: float | None = None) -> Request:
+        """Queue a job like a request (same queue, limits and drain): job(engine, stop) runs on the
+        scheduler thread, stop() turning True once the client is gone or the time is up; the
+        request's events are its return value, then Finished("stop"). prompt_ids: the tokens it
+        computes, for usage and metrics. A job that raises ends as "error" (a ValueError as the
+        request's fault, "invalid_prompt"), or as "cancelled" / "timeout" if stop() had turned True."""
+        req = Request(prompt_ids, None, timeout or self.request_timeout)
+        req.job = job
+        return self._enqueue(req)
+
+    def _enqueue(self, req: Request) -> Request:
         with self.cv:
             if not self.admitting or self._stop:
                 raise ShuttingDownError("the server is shutting down", retry_after=self._retry_after())
@@ -347,9 +365,43 @@ class Scheduler:
         with self.cv:
             self.waiting.extendleft(reversed(reqs))
 
+    def _run_job(self, req: Request) -> None:
+        """A job (submit_job) runs whole, now: between two steps, never beside one."""
+        req.admitted_at = time.monotonic()
+
+        def stop() -> bool:
+            return req.cancelled or self._expired(req, time.monotonic()) is not None
+
+        try:
+            result = req.job(self.engine, stop)
+        except KVCacheFullError as e:
+            self._finish(req, Finished("error", None, f"the input does not fit in the KV cache ({e})",
+                                       cause="prompt_too_long"))
+            return
+        except Exception as e:
+            now = time.monotonic()
+            if req.cancelled:
+                fin = Finished("cancelled", None)
+            elif self._expired(req, now):
+                fin = self._expired(req, now)
+            elif isinstance(e, ValueError):
+                fin = Finished("error", None, str(e), cause="invalid_prompt")
+            else:
+                log.exception("job of request %d failed", req.id)
+                fin = Finished("error", None, f"internal error: {e}")
+            self._finish(req, fin)
+            return
+        req.first_token_at = time.monotonic()
+        self._step_prompt += len(req.prompt_ids)
+        req.events.put(result)
+        self._finish(req, Finished("stop", "stop"))
+
     def _admit(self, req: Request) -> bool:
         """Give a request (new, or preempted earlier) its blocks. False: not enough KV blocks
         now, try again later. Each running sequence keeps room to grow by a block."""
+        if req.job is not None:
+            self._run_job(req)
+            return True
         keep = len(self.running)
         try:
             if req.seq is None:

@@ -16,6 +16,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
+from appliance.engine.retrieval_stats import RetrievalStats
 from appliance.weights.report import CacheReport
 from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
 
@@ -223,6 +224,19 @@ class Metrics:
             "appliance_requests", "Requests by outcome.", labelnames=["outcome"], registry=r)
         for outcome in REQUEST_OUTCOMES:
             self.requests.labels(outcome)
+        self.retrieval_inputs = Counter(
+            "appliance_retrieval_inputs", "Inputs embedded (task embed) or documents scored (task rerank).",
+            labelnames=["task"], registry=r)
+        self.retrieval_duration = Histogram(
+            "appliance_retrieval_seconds", "Engine time of one embedding or rerank request, all its passes.",
+            labelnames=["task"], buckets=PREFILL_BUCKETS, registry=r)
+        for task in ("embed", "rerank"):
+            self.retrieval_inputs.labels(task)
+            self.retrieval_duration.labels(task)
+        self.served_model = Gauge(
+            "appliance_served_model_info", "What this server answers to: each name `model` may take, and the "
+            "task it serves (chat, embed, rerank); value 1.", labelnames=["model", "served_name", "task"],
+            registry=r)
         self.model_info = Gauge(
             "appliance_model_info", "The served model and engine settings (value 1).",
             labelnames=["model", "model_type", "weights", "kv", "kernel_path", "threads", "max_context",
@@ -269,6 +283,12 @@ class Metrics:
                                s("max_context"), s("layers"), s("sparse")).set(1)
         self.loaded.set(1)
 
+    def set_served(self, model: str, names, task: str) -> None:
+        """The served names and task (one instance per model on a board: the fleet tells them apart)."""
+        self.served_model.clear()
+        for name in names:
+            self.served_model.labels(model, name, task).set(1)
+
     # ---- inputs ---------------------------------------------------------------
 
     def set_selftest(self, ok: bool) -> None:
@@ -290,6 +310,9 @@ class Metrics:
         elif isinstance(stats, PrefillStats):
             self.prefill.observe(stats.total_s)
             self.prefill_attention.observe(stats.attn_share)
+        elif isinstance(stats, RetrievalStats):
+            self.retrieval_inputs.labels(stats.task).inc(stats.n_inputs)
+            self.retrieval_duration.labels(stats.task).observe(stats.total_s)
         elif isinstance(stats, StepTokens):
             if stats.prompt_tokens:
                 self.prompt_tokens.inc(stats.prompt_tokens)
