@@ -18,11 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,13 +26,10 @@ from pathlib import Path
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.live_server import Server  # noqa: E402
 DEFAULT_CACHE = Path(os.environ.get("APPLIANCE_BENCH_DIR", Path.home() / ".cache" / "appliance" / "bench"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_checkpoint() -> Path:
@@ -167,36 +160,13 @@ def main(argv=None) -> int:
     model_dir = Path(args.model) if args.model else bench_checkpoint()
     if args.engine_only:
         return engine_only(model_dir, args.streams, args.prompt, min(args.tokens, 16), args.threads, args.weights)
-    port = free_port()
-    work = Path(tempfile.mkdtemp(prefix="apl-bench-"))
-    cmd = [sys.executable, "-m", "appliance", "serve", "--model", str(model_dir), "--port", str(port),
-           "--max-batch", str(max(args.streams)), "--max-queue", str(max(args.streams)),
-           "--max-context", str(max(512, args.prompt + args.tokens + 16)), "--weights", args.weights,
-           # a KV pool for every stream at once, so the pool never limits the batch
-           "--kv-cache-tokens", str(max(args.streams) * max(512, args.prompt + args.tokens + 16)),
-           "--control-socket", str(work / "ctl"), "--log-level", "warning"]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 1800        # a first load quantizes the checkpoint
-        while True:
-            if proc.poll() is not None:
-                print((work / "server.log").read_text()[-3000:], file=sys.stderr)
-                return 1
-            try:
-                if requests.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not become ready")
-            time.sleep(0.5)
-        health = requests.get(base + "/health", timeout=10).json()
-        facts = health["model"]
+    flags = ["--max-batch", str(max(args.streams)), "--max-queue", str(max(args.streams)),
+             "--max-context", str(max(512, args.prompt + args.tokens + 16)), "--weights", args.weights,
+             # a KV pool for every stream at once, so the pool never limits the batch
+             "--kv-cache-tokens", str(max(args.streams) * max(512, args.prompt + args.tokens + 16))]
+    with Server(model_dir, *flags, threads=args.threads, log_level="warning") as server:
+        base = server.base
+        facts = server.facts
         model = facts["id"]
         print(f"model {model}: {facts.get('layers')} layers, hidden {facts.get('hidden')}, vocab {facts.get('vocab')}, "
               f"weights {facts.get('weights')}, kv {facts.get('kv')}, kernels {facts.get('kernel_path')}, "
@@ -224,13 +194,6 @@ def main(argv=None) -> int:
             four = next(r for r in rows if r["streams"] == 4)["aggregate"] / one
             print(f"4 streams vs 1: {four:.2f}x (target >= 3x)")
         return 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 if __name__ == "__main__":
