@@ -201,3 +201,15 @@ def test_selftest_verifies_the_served_models_cache(model_copy, reference):
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
     assert not report["weight_cache"]["ok"] and "0.o.qs" in report["weight_cache"]["problem"]
+
+
+def test_the_loader_reports_its_stages(model_copy):
+    seen = []
+    Engine.load(model_copy, weights="q8", progress=False, on_progress=lambda *a: seen.append(a))
+    stages = [s for s, _, _ in seen]
+    total = seen[0][2]
+    assert stages[0] == "reading" and stages[1:] == ["quantizing"] * (total + 1)
+    assert [d for s, d, _ in seen if s == "quantizing"] == list(range(total + 1))
+    seen.clear()
+    Engine.load(model_copy, weights="q8", progress=False, on_progress=lambda *a: seen.append(a))
+    assert [s for s, _, _ in seen] == ["reading", "verifying"]          # the cache maps: no quantizing

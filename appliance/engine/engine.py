@@ -125,7 +125,7 @@ class Engine(StepAPI):
              max_context: int | None = None, kv_cache_tokens: int | None = None,
              sparse=None, prefill_chunk: int = 512, progress: bool = True,
              kv_cache_memory: str | None = None, prefix_cache: bool = False,
-             kv_cache_dir=None, kv_cache_disk_bytes: int = DEFAULT_DISK_BYTES) -> "Engine":
+             kv_cache_dir=None, kv_cache_disk_bytes: int = DEFAULT_DISK_BYTES, on_progress=None) -> "Engine":
         """Load a Hugging Face checkpoint directory (None: the embedded demo model).
 
         weights: "q8", "q4" or "f32"; None takes the family's default (q8; q4 for MoE).
@@ -135,6 +135,7 @@ class Engine(StepAPI):
         or by default a share of the memory left after the weights (kv_sizing.py); never less
         than one context (ValueError). prefix_cache: keep full KV blocks for later prompts that
         start the same way; kv_cache_dir (bounded by kv_cache_disk_bytes) keeps them across restarts.
+        on_progress(stage, done, total) hears the weights' loading stages (weights/loader.py).
         """
         if isinstance(sparse, dict):
             sparse = SparseConfig(**sparse)
@@ -152,7 +153,8 @@ class Engine(StepAPI):
 
         threads = _setup_threads(threads)
         cache_report = CacheReport()
-        tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress, report=cache_report)
+        tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress, report=cache_report,
+                               on_progress=on_progress)
         model = family.Model(cfg, weights, tensors)
         if hasattr(model, "prepare_vision"):
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)

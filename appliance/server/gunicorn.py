@@ -18,6 +18,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 
 from appliance.config import ConfigError, Settings, add_setting_flags, settings_from_flags
 
@@ -78,7 +80,8 @@ def gunicorn_options(settings: Settings, control_socket: str | None = None) -> d
         "worker_class": "gthread",
         "threads": settings.http_threads,
         "timeout": 120,                          # heartbeat only: gthread's main loop keeps beating
-        "graceful_timeout": int(settings.grace_period) + 5,
+        # The drain (grace period), then the prefix cache's flush to disk at exit (up to as long again).
+        "graceful_timeout": int(2 * max(settings.grace_period, 5.0)) + 5,
         "keepalive": 5,
         "proc_name": f"appliance:{settings.port}",
         "accesslog": None,
@@ -101,15 +104,30 @@ def _when_ready(server) -> None:
 
 
 def _post_worker_init(worker) -> None:
-    """SIGTERM in the worker: drain the scheduler, then gunicorn's own graceful stop."""
+    """SIGTERM in the worker: drain first, and only then gunicorn's own graceful stop.
+
+    While draining the worker keeps accepting connections, so a new request and /ready get a
+    503 (with Retry-After) at once: a load balancer learns from the answer, not from its own
+    timeout. gunicorn's stop (no more accepting) begins when the last running request is done
+    or the grace period is over."""
     runtime = worker.wsgi.extensions["appliance"]
 
     def on_term(signum, frame):
+        if runtime.status == "draining":
+            return                                   # a second SIGTERM: the drain is under way
         runtime.begin_drain()
-        worker.handle_exit(signum, frame)
+        threading.Thread(target=_stop_when_drained, args=(worker, runtime, signum, frame),
+                         name="drain", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.siginterrupt(signal.SIGTERM, False)
+
+
+def _stop_when_drained(worker, runtime, signum, frame) -> None:
+    deadline = time.monotonic() + runtime.settings.grace_period + 1.0
+    while time.monotonic() < deadline and not runtime.idle():
+        time.sleep(0.05)
+    worker.handle_exit(signum, frame)
 
 
 def _worker_exit(server, worker) -> None:

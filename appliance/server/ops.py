@@ -20,6 +20,8 @@ def health():
     body = {"status": rt.status, "uptime_s": round(time.time() - rt.started, 1)}
     if rt.status == "failed":
         body["error"] = rt.error
+    if rt.status == "loading" and rt.load_progress is not None:
+        body["load"] = rt.load_progress
     if rt.engine is not None:
         body["model"] = rt.model_facts()
         body["queue"] = rt.queue_facts()

@@ -26,6 +26,8 @@ class Runtime:
         self.scheduler = None
         self.info: dict = {}
         self.started = time.time()
+        # While loading: {"stage", "done", "total", "seconds"} of the weights' load (for /health).
+        self.load_progress: dict | None = None
         self.ready_event = threading.Event()
         self.metrics = metrics or Metrics()
         self.live = LiveStats(queue_state=self._queue_state)
@@ -51,22 +53,28 @@ class Runtime:
     def _load(self) -> None:
         s = self.settings
         t0 = time.perf_counter()
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            self.load_progress = {"stage": stage, "done": done, "total": total,
+                                  "seconds": round(time.perf_counter() - t0, 1)}
+
         try:
             from appliance import Engine
             engine = Engine.load(path=s.model, weights=s.weights, kv=s.kv, threads=s.threads,
                                  max_context=s.max_context, sparse=s.sparse_config(),
                                  kv_cache_tokens=s.kv_cache_tokens, kv_cache_memory=s.kv_cache_memory,
                                  prefix_cache=not s.disable_prefix_cache, kv_cache_dir=s.kv_cache_dir,
-                                 kv_cache_disk_bytes=s.kv_cache_disk_bytes)
+                                 kv_cache_disk_bytes=s.kv_cache_disk_bytes, on_progress=on_progress)
         except Exception as e:
             self.status = "failed"
             self.error = f"{type(e).__name__}: {e}"
             log.exception("loading the model failed")
             self.ready_event.set()
             return
-        log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
+        self.load_progress = None
         self._selftest(engine)
         self._serve(engine)
+        log.info("%s", ready_line(engine.info(), time.perf_counter() - t0))
 
     def _selftest(self, engine) -> None:
         """The engine's kernel selftest, once, for appliance_selftest_ok.
@@ -138,6 +146,10 @@ class Runtime:
     def ready(self) -> bool:
         return self.status == "ready"
 
+    def idle(self) -> bool:
+        """Nothing running or waiting (always, before the scheduler exists)."""
+        return self.scheduler is None or self.scheduler.idle()
+
     def model_facts(self) -> dict:
         if self.engine is None:
             return {}
@@ -173,3 +185,15 @@ def _prefix_facts(stats) -> dict | None:
         out["disk"] = {"files": d.files, "bytes": d.bytes, "max_bytes": d.max_bytes, "written": d.written,
                        "loaded": d.loaded, "rejected": dict(d.rejected)}
     return out
+
+
+def ready_line(info: dict, seconds: float) -> str:
+    """The one line that says the server is serving, and with what."""
+    sparse = info.get("sparse")
+    attention = (f"block-sparse attention k={sparse['k']}" if sparse else "exact attention")
+    cache = "prefix cache " + ("on" + (f", kept in {info['kv_cache_dir']}" if info.get("kv_cache_dir") else "")
+                               if info.get("prefix_cache") else "off")
+    return (f"serving {info['model']} ({info['model_type']}, {info['layers']} layers): {info['weights']} weights "
+            f"{info['weight_bytes'] / 2**20:.0f} MiB, {info['kv']} KV pool of {info['kv_tokens_total']} tokens "
+            f"({info['kv_pool_bytes'] / 2**20:.0f} MiB), {attention}, {cache}, context {info['max_context']}, "
+            f"{info['threads']} threads on the {info['kernel_path']} kernels; loaded in {seconds:.1f} s")

@@ -131,14 +131,16 @@ class Progress:
     """Quantization progress: a bar on a terminal, a log line every PROGRESS_LOG_S otherwise
     (a service has no terminal, and its log should still say the load is alive)."""
 
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled = total, label, enabled
+    def __init__(self, total: int, label: str, enabled: bool, on_progress=None):
+        self.total, self.label, self.enabled, self.on_progress = total, label, enabled, on_progress
         self.start = self.last_log = time.perf_counter()
         self.tty = sys.stderr.isatty()
         self.done = 0
 
     def advance(self, done: int) -> None:
         self.done = done
+        if self.on_progress is not None:
+            self.on_progress("quantizing", done, self.total)
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.start
@@ -249,11 +251,16 @@ def _writer_lock(path: Path):
 
 
 def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bool = True,
-                 report: CacheReport | None = None) -> dict[str, np.ndarray]:
-    """Our tensors for `plan` in weights format `fmt` ("q8", "q4", "f32")."""
+                 report: CacheReport | None = None, on_progress=None) -> dict[str, np.ndarray]:
+    """Our tensors for `plan` in weights format `fmt` ("q8", "q4", "f32").
+
+    on_progress(stage, done, total), if given, hears each stage ("reading", "verifying",
+    "quantizing") as it goes: a server's /health reports it while the model loads."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weights format {fmt!r} (choose from {', '.join(WEIGHT_FORMATS)})")
     report = report if report is not None else CacheReport()
+    tell = on_progress or (lambda stage, done, total: None)
+    tell("reading", 0, len(plan))
     ckpt = Checkpoint(model_dir)
     for spec in plan:
         ckpt.check(spec)
@@ -265,6 +272,7 @@ def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bo
     path = cache_dir(Path(model_dir)) / f"{fmt}-{key}.safetensors"
     refused = None                   # (inode, mtime) of a cache file found unusable
     if path.exists():
+        tell("verifying", 0, len(plan))
         cached = _open_cache(path, key, fmt, plan, report)
         if cached is not None:
             report.path = str(path)
@@ -282,7 +290,8 @@ def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bo
                     return cached
             _remove_leftovers(path, key)
             _check_space(path, layout)
-            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress), _expected_meta(key, fmt))
+            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress, on_progress),
+                                     _expected_meta(key, fmt))
             report.built = True
             cached = _open_cache(path, key, fmt, plan, report)
     except OSError as e:
@@ -291,7 +300,7 @@ def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bo
         # The server still starts: quantized into memory, the next load quantizes again.
         log.error("%s", e.strerror if isinstance(e, _NoSpace) else f"cannot write the weight cache {path}: "
                   f"{e.strerror or e}; quantizing into memory instead")
-        arrays = _quantized(ckpt, plan, fmt, progress)
+        arrays = _quantized(ckpt, plan, fmt, progress, on_progress)
         return {name: array for (name, _, _), array in zip(layout, arrays)}
     if cached is None:
         _log_rejected(report)
@@ -338,9 +347,9 @@ def _remove_leftovers(path: Path, key: str) -> None:
                 pass
 
 
-def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool):
+def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool, on_progress=None):
     """The packed arrays of every spec, in layout order, one tensor in memory at a time."""
-    bar = Progress(len(plan), f"quantizing {ckpt.dir.name} to {fmt}", progress)
+    bar = Progress(len(plan), f"quantizing {ckpt.dir.name} to {fmt}", progress, on_progress)
     bar.advance(0)
     for i, spec in enumerate(plan):
         packed = _pack(spec, ckpt.float32(spec), fmt)

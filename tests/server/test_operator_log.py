@@ -41,3 +41,9 @@ def test_probes_that_succeed_stay_out_of_the_info_log(idle_server):
     idle_server.get("/v1/chat/completions")          # 405: logged, it is not a probe
     wait_for_line(idle_server, r"^.*GET /v1/chat/completions 405 .*$")
     assert idle_server.log().count("GET /health") == before
+
+
+def test_the_log_says_when_the_server_serves_and_with_what(idle_server, server_model_dir):
+    line = wait_for_line(idle_server, r"^.*serving .*$")
+    assert server_model_dir.name in line and "q8 weights" in line and "KV pool of" in line
+    assert "threads" in line and re.search(r"loaded in [\d.]+ s", line)
