@@ -21,27 +21,24 @@ NAMES = "qwen3-embedding-tiny,text-embedding-3-small"
 
 
 def _serve(model_dir, *args):
-    return start_server(model_dir, "--max-batch", "2", "--max-queue", "4", "--max-context", "256",
-                        "--request-timeout", "60", "--grace-period", "3", *args)
+    """A server for the module's tests; it must stop cleanly."""
+    srv = start_server(model_dir, "--max-batch", "2", "--max-queue", "4", "--max-context", "256",
+                       "--request-timeout", "60", "--grace-period", "3", *args)
+    yield srv
+    code = srv.stop()
+    shutil.rmtree(srv.workdir, ignore_errors=True)
+    assert code == 0, srv.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def embed_server(embedding_dir):
     """The task comes from the checkpoint (sentence-transformers files): no --task."""
-    srv = _serve(embedding_dir, "--served-model-name", NAMES)
-    yield srv
-    code = srv.stop()
-    shutil.rmtree(srv.workdir, ignore_errors=True)
-    assert code == 0, srv.log()[-3000:]
+    yield from _serve(embedding_dir, "--served-model-name", NAMES)
 
 
 @pytest.fixture(scope="module")
 def rerank_server(reranker_dir):
-    srv = _serve(reranker_dir, "--task", "rerank")
-    yield srv
-    code = srv.stop()
-    shutil.rmtree(srv.workdir, ignore_errors=True)
-    assert code == 0, srv.log()[-3000:]
+    yield from _serve(reranker_dir, "--task", "rerank")
 
 
 @pytest.fixture(scope="module")
