@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The whole fleet suite: static checks (lint, syntax, promtool, dashboard, Vagrant) and
-# the network-namespace lab (3 boards + monitoring + load balancer over real ssh, a live
-# Prometheus). Exits non-zero on any failure; always tears its lab down.
+# The whole fleet suite: static checks (lint, syntax, promtool, amtool, Alertmanager's
+# inhibition, dashboard, Vagrant) and the lab: 3 boards + monitoring + load balancer, each
+# a systemd-nspawn container booting its own systemd in its own network namespace, driven
+# over real ssh, with a live Prometheus and Alertmanager. Exits non-zero on any failure;
+# always tears its lab down.
 #   scripts/ci/install_fleet_deps.sh && scripts/ci/test_fleet.sh [pytest args]
 # Traffic stays on 127.0.0.1 and inside the lab's own namespaces (10.78.0.0/24 exists
-# only there); nothing is fetched (the wheelhouse is built by install_fleet_deps.sh).
+# only there); nothing is fetched (install_fleet_deps.sh builds the wheelhouse and the
+# hosts' root file system).
 # One lab per machine: concurrent runs queue on a lock instead of breaking each other.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,6 +15,7 @@ VENV="${VENV:-.venv}"
 export FLEET_REQUIRE_TOOLS=1
 export FLEET_LAB_DIR="${FLEET_LAB_DIR:-/tmp/fleet-lab}"
 export FLEET_WHEELHOUSE="${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}"
+export FLEET_ROOTFS="${FLEET_ROOTFS:-/var/cache/appliance-fleet/rootfs}"
 
 mkdir -p /run/lock
 exec 9>/run/lock/appliance-fleet-lab.lock
@@ -27,8 +31,9 @@ if ip netns list 2>/dev/null | grep -q '^flab-'; then
   echo "test_fleet: tearing down a lab left by a run that died" >&2   # we hold the lock: nobody owns it
   cleanup
 fi
-# The boards' wheels must be there already: the tests download nothing.
+# The boards' wheels and the hosts' root must be there already: the tests download nothing.
 scripts/lab/build_wheelhouse.sh "$FLEET_WHEELHOUSE" --check
+scripts/lab/build_rootfs.sh "$FLEET_ROOTFS" --check
 
 start=$(date +%s)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs --durations=12 tests/fleet "$@"

@@ -9,21 +9,20 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
 P=flab
 CGROUP=/sys/fs/cgroup/memory/$P
+CPUACCT=/sys/fs/cgroup/cpuacct/$P
 
 for s in "$LAB_DIR"/cp/*; do
   [ -S "$s" ] && ssh -O exit -o ControlPath="$s" lab-host >/dev/null 2>&1
 done
 namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P-"; }
-# CPU the lab used (every host's services and what the playbooks ran), before the processes go.
-if [ "${FLEET_LAB_CPU_REPORT:-1}" = 1 ]; then
-  ticks=0
-  for ns in $(namespaces); do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do
-      t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null || echo 0)
-      ticks=$((ticks + ${t:-0}))
-    done
+# CPU each host used (its systemd, services, builds and ssh sessions), before they go.
+if [ "${FLEET_LAB_CPU_REPORT:-1}" = 1 ] && [ -d "$CPUACCT" ]; then
+  report=""
+  for d in "$CPUACCT"/*/; do
+    [ -f "$d/cpuacct.usage" ] || continue
+    report+=" $(basename "$d")=$(( $(cat "$d/cpuacct.usage") / 1000000000 ))s"
   done
-  [ "$ticks" -gt 0 ] && echo "lab CPU inside the namespaces: $((ticks / $(getconf CLK_TCK))) s"
+  [ -n "$report" ] && echo "lab CPU per host:$report"
 fi
 # SIGTERM to systemd-nspawn powers its container off in order (units stop, journald syncs).
 nspawns=()
@@ -51,9 +50,9 @@ done
 for root in "$LAB_DIR"/hosts/*/root; do
   mountpoint -q "$root" && { umount "$root" 2>/dev/null || umount -l "$root"; }
 done
-if [ -d "$CGROUP" ]; then
-  find "$CGROUP" -depth -type d -exec rmdir {} \; 2>/dev/null
-fi
+for cg in "$CGROUP" "$CPUACCT"; do
+  [ -d "$cg" ] && find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null
+done
 for ns in $(namespaces); do
   for _ in 1 2 3 4 5; do ip netns del "$ns" 2>/dev/null && break; sleep 0.2; done
 done
@@ -64,5 +63,5 @@ if mountpoint -q "$LAB_DIR"; then
 fi
 [ -d "$LAB_DIR" ] && rm -rf "$LAB_DIR"
 if namespaces | grep -q .; then echo "lab_down: namespaces left: $(namespaces | xargs)" >&2; exit 1; fi
-[ -d "$CGROUP" ] && echo "lab_down: memory cgroups left under $CGROUP" >&2
+for cg in "$CGROUP" "$CPUACCT"; do [ -d "$cg" ] && echo "lab_down: cgroups left under $cg" >&2; done
 echo "lab down"

@@ -30,6 +30,8 @@ WEBHOOK_PORT=9095
 # Each host gets a memory cgroup of its own, delegated writable (what a host systemd's
 # Delegate= would do), so that the container's systemd enforces MemoryMax= itself.
 CGROUP=/sys/fs/cgroup/memory/$P
+# Each host's CPU is accounted in a cpuacct cgroup of its own (lab_down.sh reports it).
+CPUACCT=/sys/fs/cgroup/cpuacct/$P
 
 [ "$(id -u)" = 0 ] || { echo "lab_up: needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
 [ "$N" -ge 1 ] && [ "$N" -le 9 ] || { echo "lab_up: 1..9 boards" >&2; exit 1; }
@@ -42,7 +44,9 @@ ROOTFS=$(readlink -f "$ROOTFS_LINK")
 for tool in systemd-nspawn nsenter ssh-keygen unshare; do
   command -v "$tool" >/dev/null || { echo "lab_up: missing $tool (scripts/ci/install_fleet_deps.sh)" >&2; exit 1; }
 done
-[ -d /sys/fs/cgroup/memory ] || { echo "lab_up: no cgroup v1 memory controller at /sys/fs/cgroup/memory" >&2; exit 1; }
+for c in memory cpuacct; do
+  [ -d "/sys/fs/cgroup/$c" ] || { echo "lab_up: no cgroup v1 $c controller at /sys/fs/cgroup/$c" >&2; exit 1; }
+done
 
 # The lab lives in RAM: fast builds in the hosts' layers, and lab_down.sh frees it at once.
 mkdir -p "$LAB_DIR"
@@ -58,6 +62,7 @@ for i in $(seq 1 "$N"); do HOSTS+=("board$i $NET.$((10 + i)) boards"); done
 HOSTS+=("mon $NET.2 monitoring" "lb $NET.3 loadbalancer")
 
 ip netns add "$CTL"
+mkdir -p "$CPUACCT/ctl"            # scripts/lab/lab_ctl.sh accounts the controller's commands here
 ip -n "$CTL" link set lo up
 ip -n "$CTL" link add br0 type bridge
 ip -n "$CTL" addr add "$NET.1/24" dev br0
@@ -85,10 +90,11 @@ start_host() {  # name address
   ssh-keygen -q -A -f "$hd/root"
   install -d -m 700 "$hd/root/root/.ssh"
   install -m 600 "$LAB_DIR/ssh/id_ed25519.pub" "$hd/root/root/.ssh/authorized_keys"
-  mkdir -p "$CGROUP/$name"
+  mkdir -p "$CGROUP/$name" "$CPUACCT/$name"
   # --keep-unit --register=no: no systemd on this machine to register with; the container's
   # console goes to console.log. /srv is a directory of this machine (the fake sysfs).
-  nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CGROUP/$name" \
+  nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@"' _ \
+    "$CGROUP/$name" "$CPUACCT/$name" \
     systemd-nspawn --quiet --boot --register=no --keep-unit --machine="$name" --directory="$hd/root" \
     --network-namespace-path="/run/netns/$ns" --bind="$hd/srv:/srv" --link-journal=no \
     > "$hd/console.log" 2>&1 &
@@ -189,4 +195,4 @@ for port in 8080 "$WEBHOOK_PORT"; do
   for _ in $(seq 1 50); do reachable "$NET.1" "$port" && break; sleep 0.1; done
 done
 echo "lab up: $N boards + mon + lb (systemd-nspawn, $ROOTFS) in $LAB_DIR; inventory $INV"
-echo "run:    ip netns exec $CTL ansible-playbook -i $INV ansible/site.yml"
+echo "run:    cd ansible && ../scripts/lab/lab_ctl.sh ../.venv/bin/ansible-playbook -i $INV site.yml -e @inventories/lab/rollout.yml"

@@ -87,3 +87,10 @@ def dashboard_queries(annotations: bool = True) -> list[tuple[str, str]]:
 def concrete(expr: str) -> str:
     """A dashboard expression with Grafana's variables filled in, as Grafana would send it."""
     return expr.replace("$__rate_interval", "1m").replace("$board", ".+")
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The simulated fleet (tests/fleet/fleetlab.py), brought up once for every lab test."""
+    import fleetlab
+    yield from fleetlab.bring_up()

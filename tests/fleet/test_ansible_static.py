@@ -152,8 +152,14 @@ def test_every_restart_of_the_appliance_is_a_rollout():
 def test_the_deploy_rolls_back_on_a_failed_gate():
     deploy = load(ANSIBLE_DIR / "roles/appliance/tasks/deploy.yml")
     block = next(t for t in deploy if "block" in t)
-    imported = [t.get("ansible.builtin.import_tasks") for t in block["block"]]
-    assert imported.index("service.yml") < imported.index("verify.yml") < imported.index("cleanup.yml")
+
+    def imports(tasks):
+        for t in tasks:
+            yield from imports(t["block"]) if "block" in t else [t.get("ansible.builtin.import_tasks")]
+
+    imported = list(imports(block["block"]))
+    assert imported.index("activate.yml") < imported.index("service.yml") < imported.index("verify.yml") \
+        < imported.index("cleanup.yml")
     rescue = str(block["rescue"])
     assert "rollback.yml" in rescue
     rollback = load(ANSIBLE_DIR / "roles/appliance/tasks/rollback.yml")
