@@ -105,6 +105,8 @@ def _run_wave(engine, attention, sequences, wave: range, keep_all, out, timer, s
             engine.cache.release(blocks)
         if len(wave) == 1:
             raise
+        held = None               # split outside the handler: a later error then reads as itself
+    if held is None:
         mid = wave.start + len(wave) // 2
         return (_run_wave(engine, attention, sequences, range(wave.start, mid), keep_all, out, timer, stop)
                 + _run_wave(engine, attention, sequences, range(mid, wave.stop), keep_all, out, timer, stop))
