@@ -338,6 +338,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, keys=None) -> None:
             continue
         convert = int if kind.startswith("int") else float if kind.startswith("float") else str
         parser.add_argument(flag_name(key), dest=key, type=convert, choices=meta["choices"], default=None,
+        help_text = help_text.replace("%", "%%")       # argparse formats help with %
                             metavar=meta["metavar"] if not meta["choices"] else None, help=help_text)
 
 

@@ -102,3 +102,10 @@ def test_home_relative_model_paths_expand(tiny_qwen3_dir, tmp_path, monkeypatch)
     settings_file = tmp_path / "appliance.yml"
     settings_file.write_text("model: ~/models/tiny\n")
     assert load_settings(str(settings_file), environ={}).model == str(home / "models" / "tiny")
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "bench", "eval", "selftest", "quantize"])
+def test_every_help_text_renders(command):
+    args = (command, "needle", "--help") if command == "eval" else (command, "--help")
+    r = run(*args)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr

@@ -119,9 +119,9 @@ def wait_ready(server: LiveServer, timeout: float = 90.0) -> None:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
         try:
-            if requests.get(server.base + "/health", timeout=2).status_code == 200:
+            if requests.get(server.base + "/health", timeout=5).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):    # not up yet, or a busy machine
             pass
         time.sleep(0.1)
     server.stop(signal.SIGKILL)
