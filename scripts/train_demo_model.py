@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
 from appliance.cli import evaluate as task  # noqa: E402
 from tiny_models import CHATML, SPECIAL  # noqa: E402
 
@@ -86,6 +86,7 @@ MIXES = [(0.0, {"drill": 0.3, "repeat": 0.25, "retrieval": 0.2, "lm": 0.15, "doc
 # The value's tokens count this much again on top of the reply loss: restating the question's
 # words is easy, the value is what retrieval is about.
 VALUE_WEIGHT = 2.0
+GENERATION_CONFIG = {"eos_token_id": [2, 0], "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40}
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -269,11 +270,24 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/demo_model_train"))
     ap.add_argument("--budget-min", type=float, default=40.0, help="wall-clock training budget")
     ap.add_argument("--checkpoint-min", type=float, default=5.0)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (base 1e-3, chat 4e-4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     ap.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --work")
+    ap.add_argument("--stage", choices=("base", "chat"), default="base",
+                    help="base: language, doc chat and retrieval from scratch; chat: Qwen3's chat format "
+                         "(thinking, tool calls) resumed from the model in --out (scripts/demo_chat_stage.py)")
+    ap.add_argument("--run-min", type=float, default=30.0,
+                    help="chat stage: stop, measure and export after this many minutes (rerun to go on)")
+    ap.add_argument("--resume-from", type=Path, default=None,
+                    help="chat stage: the model to start from (default: --out)")
+    ap.add_argument("--eval-trials", type=int, default=10, help="haystacks per context in the needle measure")
+    ap.add_argument("--eval-contexts", type=lambda s: [int(c) for c in s.split(",")], default=[256, 512, 1024, 2048],
+                    help="chat stage: contexts of the needle measure after each run")
     args = ap.parse_args()
+    if args.stage == "chat":
+        return _chat_stage(args)
+    args.lr = args.lr or 1e-3
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -390,10 +404,24 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(out_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_dir / name, out_dir / name)
-    (out_dir / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [2, 0], "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40}, indent=1))
+    (out_dir / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=1))
     shutil.copy(args.work / "train.log", out_dir / "train_log.txt")
     log(f"saved {out_dir}")
+
+
+def _chat_stage(args) -> None:
+    from demo_chat_stage import run_chat_stage
+    args.work.mkdir(parents=True, exist_ok=True)
+    log_file = open(args.work / "train.log", "a")
+
+    def log(msg):
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    args.lr = args.lr or 4e-4              # resumed training: below the first stage's peak
+    run_chat_stage(args, sys.modules[__name__], log)
 
 
 if __name__ == "__main__":

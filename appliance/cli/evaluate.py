@@ -47,6 +47,9 @@ VALUES = ["falcon", "otter", "walnut", "copper", "maple", "cobalt", "lemon", "ti
           "trumpet", "violin", "banjo", "harp", "kettle", "teapot", "pumpkin", "turnip", "radish",
           "carrot", "noodle", "muffin", "waffle", "pretzel"]
 DEPTHS = (0.1, 0.5, 0.9)
+# Questions are asked with thinking off: a thinking model's thought would spend the few tokens a
+# reply gets (templates without a thinking switch ignore the keyword).
+TEMPLATE_KWARGS = {"enable_thinking": False}
 N_HELD_OUT_TOPICS = 20       # first topics in sorted order: ~54K characters of filler
 
 
@@ -110,13 +113,14 @@ def needle_cases(tokenizer, context: int, trials: int, seed: int = 0) -> list[di
         facts = make_facts(rng, len(DEPTHS))
         # Tokens of everything but the filler (template, facts, the longest question), plus answer room.
         overhead = max(len(tokenizer.encode(tokenizer.apply_chat_template(
-            needle_messages(plant("", facts, DEPTHS), f["question"])))) for f in facts) + 8
+            needle_messages(plant("", facts, DEPTHS), f["question"]), **TEMPLATE_KWARGS))) for f in facts) + 8
         n = max(0, context - overhead)
         start = rng.randrange(len(filler))
         window = (filler[start:] + filler * (1 + n // len(filler)))[:n]
         haystack = plant(tokenizer.decode(window), facts, DEPTHS)
         for depth, f in zip(DEPTHS, facts):
-            ids = tokenizer.encode(tokenizer.apply_chat_template(needle_messages(haystack, f["question"])))
+            ids = tokenizer.encode(tokenizer.apply_chat_template(needle_messages(haystack, f["question"]),
+                                                                 **TEMPLATE_KWARGS))
             cases.append({"ids": ids, "answer": f["answer"], "depth": depth, "trial": trial,
                           "max_tokens": len(tokenizer.encode(f["reply"])) + 4})
     return cases

@@ -212,8 +212,10 @@ def build(params, prompt_ids, tokenizer=None) -> tuple:
             params.max_thinking_tokens is not None or params.grammar is not None):
         thought = Thought(tags[0], tags[1], params.thinking)
     if thought is not None and params.max_thinking_tokens is not None:
+        # a grammar holds what follows the thought, blank line included
+        after = [] if params.grammar is not None else tokenizer.encode("\n\n")
         procs.append(ThinkingBudget(params.max_thinking_tokens, thought,
-                                    [tags[1]] + tokenizer.encode("\n\n"), tokenizer.encode("\n"),
+                                    [tags[1]] + after, tokenizer.encode("\n"),
                                     lambda t: tokenizer.decode([t], skip_special_tokens=False).endswith("\n")))
     if params.grammar is not None:
         procs.append(params.grammar.constraint(tokenizer, thought))

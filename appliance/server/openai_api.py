@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import select
+import threading
 import time
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -23,6 +25,7 @@ from appliance.server.validation import (GenerationRequest, ServingDefaults, che
                                          parse_chat, parse_completion, read_json_body)
 
 bp = Blueprint("openai", __name__)
+log = logging.getLogger("appliance.server")
 
 POLL_S = 0.25          # how often a waiting HTTP thread checks that its client is still there
 KEEPALIVE_S = 15.0     # an SSE comment after this long without a token keeps proxies from timing out
@@ -38,7 +41,19 @@ def serving(rt) -> ServingDefaults:
     if held is None or held[0] is not rt.engine:
         held = current_app.extensions["appliance_serving"] = (rt.engine, ServingDefaults.from_settings(rt.settings,
                                                                                                         rt.engine))
+        # the grammar engine's view of the vocabulary (about a second for Qwen's 150K tokens),
+        # built now rather than on the first structured-output request
+        threading.Thread(target=_warm_grammar_bridge, args=(rt.engine.tokenizer,), name="grammar-bridge",
+                         daemon=True).start()
     return held[1]
+
+
+def _warm_grammar_bridge(tokenizer) -> None:
+    from appliance.engine import grammar
+    try:
+        grammar.bridge(tokenizer)
+    except Exception as e:              # structured output then answers with the reason, per request
+        log.warning("the grammar engine's token bridge could not be built: %s", e)
 
 
 @bp.before_request

@@ -14,7 +14,7 @@ from typing import Any
 
 from flask import request
 
-from appliance.server import chat
+from appliance.server import chat, structured
 from appliance.server.chat import ToolChoice
 from appliance.server.errors import APIError
 
@@ -308,13 +308,11 @@ def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults |
     top = get_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT)
     if top is not None and not want_logprobs:
         raise _bad("top_logprobs", "requires logprobs to be true")
-    rf = body.get("response_format")
-    if rf is not None and (not isinstance(rf, dict) or rf.get("type") != "text"):
-        raise _bad("response_format", "only {\"type\": \"text\"} is supported")
     tools = chat.parse_tools(body)
     choice = chat.parse_tool_choice(body, tools)
     parallel = get_bool(body, "parallel_tool_calls", True)
     offered = tools if tools and choice.mode != "none" else None      # "none" hides the tools
+    grammar = structured.chat_grammar(body, engine.tokenizer, offered, choice, parallel)
     kwargs = chat.template_kwargs(body, serving.chat_template_kwargs)
     images = prepare_images(image_refs, engine, image_policy)
     text = chat.render(engine, messages, offered, kwargs)
@@ -332,7 +330,8 @@ def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults |
     if budget is None:
         budget = serving.max_thinking_tokens
     params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None,
-                             thinking=thinking, max_thinking_tokens=budget if thinking else None)
+                             thinking=thinking, max_thinking_tokens=budget if thinking else None,
+                             grammar=grammar)
     return GenerationRequest("chat", model, prompt_ids, params, stream, include_usage,
                              want_logprobs, top or 0, images or None,
                              reasoning=_reasoning_state(engine, serving, thinking),
@@ -379,6 +378,7 @@ def parse_completion(body: dict, engine, serving: ServingDefaults | None = None)
         raise _bad("suffix", "suffix is not supported")
     top = get_int(body, "logprobs", 0, MAX_LOGPROBS_COMPLETION)
     check_fits(len(prompt_ids), engine.max_context, "prompt")
-    params = sampling_params(body, engine, len(prompt_ids), top, default_max_tokens=16)
+    params = sampling_params(body, engine, len(prompt_ids), top, default_max_tokens=16,
+                             grammar=structured.output_grammar(body, engine.tokenizer))
     return GenerationRequest("completion", model, prompt_ids, params, stream, include_usage,
                              top is not None, top or 0)

@@ -25,6 +25,13 @@ def tool(**fn):
     return {"type": "function", "function": {**FN, **fn}}
 
 
+SCHEMA_PARAM = "response_format.json_schema.schema"
+
+
+def schema(s):
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": s}}
+
+
 C, P = "/v1/chat/completions", "/v1/completions"
 LONG_PROMPT = "Hello world! " * 1200          # ~3,600 tokens against a 2,048-token context
 
@@ -146,7 +153,45 @@ CASES = [
     ("tokenize bad template kwargs", "POST", "/tokenize", json.dumps({"messages": USER,
                                                                       "chat_template_kwargs": [1]}), 400,
      "chat_template_kwargs"),
-    ("response_format json", "POST", C, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("response_format not an object", "POST", C, chat(response_format="json"), 400, "response_format"),
+    ("response_format type unknown", "POST", C, chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    ("json_schema not an object", "POST", C, chat(response_format={"type": "json_schema", "json_schema": "x"}), 400,
+     "response_format.json_schema"),
+    ("json_schema strict not a boolean", "POST", C, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}, "strict": "yes"}}), 400, "response_format.json_schema.strict"),
+    ("schema with an unknown type", "POST", C, chat(response_format=schema({"type": "foo"})), 400, SCHEMA_PARAM),
+    ("schema with an unsupported keyword", "POST", C, chat(response_format=schema(
+        {"type": "object", "propertyNames": {"pattern": "^a"}})), 400, SCHEMA_PARAM),
+    ("schema pattern with a lookahead", "POST", C, chat(response_format=schema(
+        {"type": "string", "pattern": "(?=a)b"})), 400, SCHEMA_PARAM),
+    ("schema with an unknown format", "POST", C, chat(response_format=schema(
+        {"type": "string", "format": "no-such-format"})), 400, SCHEMA_PARAM),
+    ("schema minimum not a number", "POST", C, chat(response_format=schema({"type": "integer", "minimum": "0"})), 400,
+     SCHEMA_PARAM),
+    ("schema not an object", "POST", C, chat(response_format=schema([1, 2])), 400, SCHEMA_PARAM),
+    ("structured_outputs two kinds", "POST", C, chat(structured_outputs={"regex": "a", "choice": ["b"]}), 400,
+     "structured_outputs"),
+    ("structured_outputs none", "POST", C, chat(structured_outputs={}), 400, "structured_outputs"),
+    ("structured_outputs regex invalid", "POST", C, chat(structured_outputs={"regex": "[a-"}), 400,
+     "structured_outputs.regex"),
+    ("structured_outputs choice empty", "POST", C, chat(structured_outputs={"choice": []}), 400,
+     "structured_outputs.choice"),
+    ("structured_outputs lark with an unknown rule", "POST", C, chat(structured_outputs={"grammar": "start: foo"}),
+     400, "structured_outputs.grammar"),
+    ("guided_grammar GBNF broken", "POST", C, chat(guided_grammar='root ::= "a" | ('), 400, "guided_grammar"),
+    ("guided_json not a schema", "POST", C, chat(guided_json={"type": 5}), 400, "guided_json"),
+    ("guided_regex a number", "POST", C, chat(guided_regex=5), 400, "guided_regex"),
+    ("json_schema field not JSON", "POST", C, chat(json_schema="{nope"), 400, "json_schema"),
+    ("two structured outputs", "POST", C, chat(response_format={"type": "json_object"}, guided_regex="a"), 400,
+     "guided_regex"),
+    ("required tool with a schema that cannot be enforced", "POST", C, chat(tools=[tool(parameters={
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}})], tool_choice="required"), 400,
+     "tools[0].function.parameters"),
+    ("a regex beside tools", "POST", C, chat(tools=[tool()], structured_outputs={"regex": "a+"}), 400,
+     "structured_outputs.regex"),
+    ("completion schema with an unknown type", "POST", P, comp(response_format=schema({"type": "foo"})), 400,
+     SCHEMA_PARAM),
+    ("completion grammar invalid", "POST", P, comp(grammar="start: ("), 400, "grammar"),
     ("chat prompt longer than context", "POST", C, json.dumps({"messages": [{"role": "user", "content": LONG_PROMPT}]}),
      400, "messages"),
     ("completion prompt missing", "POST", P, "{}", 400, "prompt"),

@@ -1,0 +1,316 @@
+"""The demo model's chat stage (`scripts/train_demo_model.py --stage chat`): Qwen3's chat format.
+
+Resumes from the shipped model (appliance/demo_model), adds Qwen3's tags to its tokenizer
+(`<think>`, `</think>`, `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`,
+added tokens that decode as text, as in Qwen3's tokenizer) and Qwen3's own chat template
+(tests/fixtures/qwen3/chat_template.jinja), and trains on, all rendered by that template:
+  * tools (tests/demo_tools_task.py): questions that need one of 1-4 offered tools, answered by
+    a `<tool_call>` naming the tool and passing the value from the question; after a tool's
+    result comes back, an answer that uses it. Names, parameters and values are varied so that
+    the model copies them rather than remembers them;
+  * thinking: half of the chat samples with thinking on, where the reply opens with a short
+    thought (`<think>\\n...\\n</think>\\n\\n`), half with thinking off (the template's empty block);
+  * the earlier tasks, so that they stay: retrieval (needle facts in filler, mostly with thinking
+    off, as `appliance eval needle` asks), drills, doc chat, language.
+Each run ends with the held-out measures: tool-call accuracy on the 30 prompts of unseen tools
+(thinking off and on) and torch needle recall, and exports the model to --out.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = (ROOT / "tests" / "fixtures" / "qwen3" / "chat_template.jinja").read_text()
+TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+# (sequence length, batch, share of steps): tool and chat samples fit 512 tokens; the longer
+# rows keep retrieval at the lengths it was trained to.
+# Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
+LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
+MIX = {"tool": 0.5, "retrieval": 0.2, "drill": 0.1, "doc_chat": 0.12, "lm": 0.08}
+MIX_LONG = {"retrieval": 0.7, "lm": 0.15, "tool": 0.15}      # the 2048 rows
+WARMUP_STEPS = 50
+END_OF_TURN = "<|im_end|>"
+TURN = "<|im_start|>assistant\n"
+
+
+def extend_tokenizer(src_dir: Path, out_dir: Path):
+    """The shipped tokenizer plus Qwen3's tags, with Qwen3's chat template."""
+    from tokenizers import AddedToken, Tokenizer
+    tok = Tokenizer.from_file(str(src_dir / "tokenizer.json"))
+    missing = [t for t in TAGS if tok.token_to_id(t) is None]
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = json.loads((src_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return tok
+
+
+def grow_vocab(model, vocab: int):
+    """Room for the new tokens (rounded up to 8 rows); new rows start near the mean embedding."""
+    import torch
+    old = model.get_input_embeddings().weight.shape[0]
+    size = max(old, -(-vocab // 8) * 8)
+    if size == old:
+        return model
+    mean = model.get_input_embeddings().weight.data.mean(0)
+    model.resize_token_embeddings(size, mean_resizing=False)
+    with torch.no_grad():
+        w = model.get_input_embeddings().weight
+        w[old:] = mean + 0.02 * torch.randn_like(w[old:])
+    return model
+
+
+class ChatData:
+    """Samples rendered by Qwen3's template: (ids, kinds) per token, kinds as the base stage's
+    (0 no loss, 1 language, 2 reply, 3 the value inside a reply)."""
+
+    def __init__(self, base, chat_tok, tool_task, needle_task, rng: random.Random):
+        self.base, self.chat_tok, self.tools, self.needle, self.rng = base, chat_tok, tool_task, needle_task, rng
+
+    # -- rendering
+    def render(self, messages, reply: str, tools=None, kwargs=None, values=(), earlier=()):
+        """The template's prompt + the reply and its end of turn; spans for the loss: the reply
+        (and replies of earlier turns, which the template wrote into the prompt) and the values in them."""
+        prompt = self.chat_tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **(kwargs or {}))
+        text = prompt + reply + END_OF_TURN
+        spans = [(len(prompt), len(text), "ans")]
+        at = 0
+        for old in earlier:                       # earlier assistant turns, in the prompt
+            at = prompt.find(TURN + old, at)
+            if at >= 0:
+                at += len(TURN)
+                spans.append((at, at + len(old) + len(END_OF_TURN), "ans"))
+                at += len(old)
+        for v in values:
+            where = text.find(v, len(prompt))
+            if where >= 0:
+                spans.insert(0, (where, where + len(v), "value"))
+        return text, spans
+
+    def pack(self, make, length):
+        """Samples from make() joined as the template joins turns, until about `length` tokens."""
+        text, spans = "", []
+        while len(text) < length * 3.2:
+            t, s = make()
+            spans += [(a + len(text), b + len(text), k) for a, b, k in s]
+            text += t + "\n"
+        return self.base.encode(text, spans, length)
+
+    # -- tasks
+    def tool(self, length):
+        def make():
+            messages, schemas, reply, kwargs, values = self.tools.tool_sample(self.rng)
+            return self.render(messages, reply, schemas, kwargs, values)
+        return self.pack(make, length)
+
+    def doc_chat(self, length):
+        def make():
+            name, doc = self.rng.choice(self.base.chat_docs)
+            thinking = self.rng.random() < 0.5
+            offered = [self.tools.training_tool(self.rng)["schema"] for _ in range(self.rng.randint(0, 2))]
+            thought = f"The user asks about {name}. No tool is needed; I will explain it." if offered else \
+                f"The user asks about {name}. I will explain what it does."
+            answer = doc[:500]
+            reply = self.tools.reply_text(answer, thought if thinking else None)
+            question = self.rng.choice(["What does {} do?", "Explain {}.", "Tell me about {}.", "What is {}?"])
+            text, spans = self.render([{"role": "user", "content": question.format(name)}], reply, offered or None,
+                                      {"enable_thinking": thinking})
+            start = spans[0][0]
+            body = text.rindex(answer)
+            # the thought and the end of turn are the reply; the docstring is language
+            return text, [(start, body, "ans"), (body, body + len(answer), "lm"),
+                          (body + len(answer), len(text), "ans")]
+        return self.pack(make, length)
+
+    def _conversation(self, haystack, asked, length):
+        """Needle questions as `appliance eval needle` asks them (thinking off), a fifth with a
+        thought that names what to look for."""
+        messages = self.needle.needle_messages(haystack, asked[0]["question"])
+        for prev, f in zip(asked, asked[1:]):
+            messages += [{"role": "assistant", "content": prev["reply"]}, {"role": "user", "content": f["question"]}]
+        thinking = self.rng.random() < 0.2
+        last = asked[-1]
+        thought = f"I look for the fact the question asks about: {last['question'][8:-1]}." if thinking else None
+        text, spans = self.render(messages, self.tools.reply_text(last["reply"], thought),
+                                  kwargs={"enable_thinking": thinking},
+                                  values=[last["answer"]], earlier=[f["reply"] for f in asked[:-1]])
+        for f in asked[:-1]:                       # the values of the earlier replies
+            at = text.find(TURN + f["reply"])
+            if at >= 0:
+                at += len(TURN) + f["reply"].rindex(f["answer"])
+                spans.insert(0, (at, at + len(f["answer"]), "value"))
+        return self.base.encode(text, spans, length)
+
+    def retrieval(self, length):
+        return self.base.retrieval(length)
+
+    def drill(self, length):
+        return self.base.drill(length)
+
+    def lm(self, length):
+        return self.base.lm(length)
+
+    def batch(self, batch, length, mix):
+        import torch
+        x = torch.zeros(batch, length, dtype=torch.long)
+        y = torch.zeros(batch, length, dtype=torch.long)
+        kinds = torch.zeros(batch, length, dtype=torch.long)
+        names, weights = list(mix), list(mix.values())
+        for b in range(batch):
+            ids, kind = getattr(self, self.rng.choices(names, weights)[0])(length + 1)
+            n = len(ids) - 1
+            x[b, :n] = torch.tensor(ids[:-1])
+            y[b, :n] = torch.tensor(ids[1:])
+            kinds[b, :n] = torch.tensor(kind[1:])
+        return x, y, kinds
+
+
+# ---- measures ------------------------------------------------------------------------------------
+def generate(model, chat_tok, prompt_ids, max_new_tokens):
+    import torch
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=2, pad_token_id=0)
+    return chat_tok.decode(out[0, ids.shape[1]:].tolist())
+
+
+def tool_accuracy(model, chat_tok, tool_task, thinking: bool) -> tuple[float, list[str]]:
+    hits, texts = 0, []
+    for case in tool_task.held_out_cases():
+        prompt = chat_tok.apply_chat_template(case["messages"], tools=case["tools"], enable_thinking=thinking)
+        text = generate(model, chat_tok, chat_tok.encode(prompt), 96 if thinking else 48)
+        texts.append(text)
+        hits += tool_task.is_right_call(text, case)
+    return hits / 30, texts
+
+
+def run_chat_stage(args, base_module, log) -> None:
+    import torch
+    from transformers import Qwen3ForCausalLM
+    from appliance.engine.tokenizer import Tokenizer as ApplianceTokenizer
+    import demo_tools_task as tool_task
+
+    task = base_module.task
+    torch.set_num_threads(args.threads)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    tok_dir, ckpt = work / "chat_tokenizer", work / "chat_checkpoint.pt"
+    source = args.resume_from or args.out
+    if not (tok_dir / "tokenizer.json").exists():
+        extend_tokenizer(source, tok_dir)
+    if not (work / "base_train_log.txt").exists() and (source / "train_log.txt").exists():
+        shutil.copy(source / "train_log.txt", work / "base_train_log.txt")
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    chat_tok = ApplianceTokenizer(tok_dir, {2})
+    docs, manual = base_module.stdlib_docs(), base_module.manual_text()
+    rng = random.Random(args.seed + 1)
+    base = base_module.Data(tok, docs, manual, rng)
+    data = ChatData(base, chat_tok, tool_task, task, rng)
+    base.conversation = data._conversation        # retrieval and drills through Qwen3's template
+
+    if ckpt.exists() and not args.fresh:
+        state = torch.load(ckpt, weights_only=False)
+        model = Qwen3ForCausalLM.from_pretrained(state["config_dir"], dtype=torch.float32)
+        model = grow_vocab(model, tok.get_vocab_size())
+        model.load_state_dict(state["model"])
+        step, elapsed = state["step"], state["elapsed"]
+        rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        log(f"chat stage: resumed at step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
+    else:
+        model = grow_vocab(Qwen3ForCausalLM.from_pretrained(source, dtype=torch.float32), tok.get_vocab_size())
+        step, elapsed, state = 0, 0.0, None
+        log(f"chat stage: from {source}, vocabulary {tok.get_vocab_size()} "
+            f"(model rows {model.get_input_embeddings().weight.shape[0]})")
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    if state is not None:
+        opt.load_state_dict(state["opt"])
+
+    def save():
+        config_dir = work / "chat_config"
+        model.config.save_pretrained(config_dir)
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config_dir": str(config_dir)}, tmp)
+        tmp.replace(ckpt)
+
+    budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
+    t_start, t_ckpt = time.time() - elapsed, time.time()
+    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
+    model.train()
+    while elapsed < budget and time.time() < run_end:
+        frac = elapsed / budget
+        length, batch, _ = rng.choices(LENGTHS, [w for _, _, w in LENGTHS])[0]
+        warm = min(1.0, (step + 1) / WARMUP_STEPS)
+        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y, kinds = data.batch(batch, length, MIX_LONG if length >= 2048 else MIX)
+        logits = model(input_ids=x).logits
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+        lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
+        lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
+        ans_loss = (ce * ans_mask).sum() / ans_mask.sum().clamp(min=1)
+        value_loss = (ce * value_mask).sum() / value_mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        (lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed = time.time() - t_start
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == y).float() * value_mask).sum() / value_mask.sum().clamp(min=1)
+        sums["lm"] += lm_loss.item(); sums["ans"] += ans_loss.item(); sums["acc"] += acc.item(); sums["n"] += 1
+        if step % 10 == 0:
+            n = sums["n"]
+            log(f"chat step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
+                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}")
+            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
+        if time.time() - t_ckpt > args.checkpoint_min * 60:
+            save()
+            t_ckpt = time.time()
+    save()
+    log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
+
+    model.eval()
+    for thinking in (False, True):
+        acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking)
+        log(f"held-out tool calls (30 unseen tools, torch greedy, thinking {'on' if thinking else 'off'}): {acc:.2f}"
+            f"; first reply {texts[0]!r}")
+    for context in args.eval_contexts:
+        log(f"needle recall (torch, greedy, held-out filler) at {context}: "
+            f"{base_module.needle_recall(model, chat_tok, context, args.eval_trials):.2f}")
+    sample = chat_tok.apply_chat_template([{"role": "user", "content": "What does json.dumps do?"}])
+    log(f"sample (thinking on): {generate(model, chat_tok, chat_tok.encode(sample), 60)!r}")
+    export(model, tok_dir, args.out, work, base_module)
+    log(f"saved {args.out}")
+
+
+def export(model, tok_dir: Path, out_dir: Path, work: Path, base_module) -> None:
+    import torch
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        (out_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / ".appliance-cache", ignore_errors=True)   # quantized weights of the old model
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    model.to(torch.float32)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_dir / name, out_dir / name)
+    (out_dir / "generation_config.json").write_text(json.dumps(base_module.GENERATION_CONFIG, indent=1))
+    # the shipped log (every earlier run), then this stage's
+    earlier = work / "base_train_log.txt"
+    chat_log = work / "train.log"
+    (out_dir / "train_log.txt").write_text((earlier.read_text() if earlier.exists() else "")
+                                           + (chat_log.read_text() if chat_log.exists() else ""))

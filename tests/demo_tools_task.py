@@ -1,0 +1,209 @@
+"""The demo model's chat task: thinking before it answers, and calling the tool a question needs.
+
+Shared by scripts/train_demo_model.py (which trains on it) and the tests (which measure it), as
+appliance/cli/evaluate.py's needle task is. A tool is `<verb>_<topic>` with one parameter; its
+description names the topic, and the question names the topic and the value to pass. Training
+draws topics, verbs, parameter names and values from pools the held-out set never uses, so the
+held-out prompts ask about functions and parameters the model has never seen (a weather function
+with a `city` parameter asked about a city, a board-sensor function asked about a sensor, ...):
+it has to read the name off the offered tools and copy the value out of the question.
+
+Everything renders through the model's own chat template (Qwen3's), so training sees exactly
+what the server sends.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+# ---- pools: training draws from these, the held-out set never does ---------------------------------
+VERBS = ["get", "fetch", "read", "lookup", "find", "check", "query", "show", "load", "compute", "measure",
+         "report", "scan", "inspect", "count", "describe", "estimate", "resolve", "list", "track"]
+TOPICS = ["humidity", "pressure", "price", "rating", "distance", "altitude", "population", "balance", "status",
+          "voltage", "speed", "score", "capacity", "latency", "volume", "brightness", "inventory", "schedule",
+          "owner", "address", "version", "license", "color", "weight", "height", "length", "budget", "revenue",
+          "traffic", "noise", "rainfall", "mileage", "calories", "duration", "deadline", "priority", "quota",
+          "uptime", "load", "memory", "bandwidth", "signal", "density", "salary", "temperament", "harvest",
+          "tide", "elevation", "checksum", "author", "genre", "language", "currency", "tax", "discount",
+          "postcode", "mood", "forecast", "fuel", "pollen", "ozone", "friction", "torque", "yield", "tariff",
+          "ranking", "attendance", "lineage", "origin", "flavor", "texture", "agenda", "occupancy", "frequency"]
+PARAMETERS = ["name", "query", "item", "key", "target", "place", "region", "user", "account", "code", "label",
+              "path", "host", "port", "channel", "room", "zone", "model", "kind", "entry", "record", "id",
+              "handle", "slot", "unit", "node", "site", "area", "group", "team", "product", "order", "ticket",
+              "project", "station", "vehicle", "machine", "building", "country", "street", "planet", "animal",
+              "plant", "book", "movie", "artist", "course", "student", "patient", "sample", "batch", "server"]
+SYLLABLES = ["ka", "lo", "mi", "ren", "tor", "va", "shi", "dal", "po", "quin", "ber", "sa", "no", "vel", "tra",
+             "ze", "mor", "li", "gan", "fu", "ris", "ol", "den", "ya", "cor", "wen", "ta", "ex", "um", "bri"]
+RESULT_KEYS = ["value", "result", "level", "reading", "amount", "answer", "total", "current"]
+WORDS = ["Madrid", "Rome", "Tokyo", "Cairo", "Denver", "Prague", "Dublin", "Seoul", "Toronto", "Vienna",
+         "kitchen", "garage", "printer", "router", "laptop", "camera", "tractor", "bicycle", "piano", "lamp",
+         "apple", "carrot", "coffee", "marble", "velvet", "harbor", "canyon", "meadow", "orchard", "summit",
+         "Atlas", "Nova", "Orion", "Juno", "Vega", "Lyra", "Pixel", "Echo", "Delta", "Sierra"]
+
+# ---- the held-out set: functions, parameters and values never seen in training ---------------------------
+HELD_OUT_TOOLS = [
+    ("get_weather", "Get the current weather for a city", "city", "weather",
+     ["What is the weather in {v}?", "How is the weather in {v} today?", "Tell me the weather for {v}."],
+     ["Paris", "Berlin", "Nairobi"]),
+    ("read_board_sensor", "Read the temperature of one of the board's sensors", "sensor", "sensor",
+     ["What does the {v} sensor read?", "Read the {v} sensor for me.", "How warm is the {v} sensor?"],
+     ["soc", "bigcore0", "gpu"]),
+    ("get_stock_quote", "Get the latest stock quote for a ticker symbol", "symbol", "stock",
+     ["What is the stock quote for {v}?", "Get me the stock price of {v}.", "How is {v} stock doing?"],
+     ["ACME", "GLOBEX", "INITECH"]),
+    ("find_recipe", "Find a recipe for a dish", "dish", "recipe",
+     ["Find a recipe for {v}.", "I need a recipe for {v}.", "Do you have a recipe for {v}?"],
+     ["risotto", "goulash", "ratatouille"]),
+    ("book_flight", "Book a flight to a destination", "destination", "flight",
+     ["Book a flight to {v}.", "I want a flight to {v}.", "Can you book me a flight to {v}?"],
+     ["Lisbon", "Osaka", "Quito"]),
+    ("define_word", "Look up the definition of a word", "word", "definition",
+     ["What is the definition of {v}?", "Give me the definition of the word {v}.", "Define {v}."],
+     ["serendipity", "ephemeral", "laconic"]),
+    ("get_timezone", "Get the timezone of a location", "location", "timezone",
+     ["What is the timezone of {v}?", "Which timezone is {v} in?", "Tell me the timezone for {v}."],
+     ["Reykjavik", "Auckland", "Lima"]),
+    ("check_battery", "Check the battery level of a device", "device", "battery",
+     ["What is the battery level of my {v}?", "Check the battery of the {v}.", "How much battery does the {v} have?"],
+     ["phone", "tablet", "drone"]),
+    ("play_song", "Play a song by its title", "title", "song",
+     ["Play the song {v}.", "Put on the song {v}, please.", "I want to hear the song {v}."],
+     ["Yesterday", "Imagine", "Hallelujah"]),
+    ("translate_to_french", "Translate a phrase into French", "phrase", "French",
+     ["Translate {v} into French.", "How do you say {v} in French?", "What is {v} in French?"],
+     ["goodbye", "thank you", "good night"]),
+]
+HELD_OUT_NAMES = {t[0] for t in HELD_OUT_TOOLS}
+HELD_OUT_PARAMETERS = {t[2] for t in HELD_OUT_TOOLS}
+assert not HELD_OUT_PARAMETERS & set(PARAMETERS)
+assert not {t[3].lower() for t in HELD_OUT_TOOLS} & set(TOPICS)
+
+# Questions of the training set (the held-out set words its own).
+QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you check the {t} for {v}?",
+             "I need the {t} of {v}, please.", "What's the {t} for {v}?", "Look up the {t} of {v}.",
+             "How about the {t} of {v}?", "Please find the {t} for {v}.", "Give me the {t} of {v}.",
+             "Which {t} does {v} have?"]
+VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}."]
+ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
+SYSTEMS = [None, None, "You are a helpful assistant.", "You are an assistant running on an edge board.",
+           "Answer briefly."]
+
+
+def tool_schema(name: str, description: str, parameter: str, parameter_description: str) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {parameter: {"type": "string",
+                                                                    "description": parameter_description}},
+                       "required": [parameter]}}}
+
+
+def made_up_value(rng: random.Random) -> str:
+    """A value to copy: a word, or a made-up name (nothing to recall, only to copy)."""
+    if rng.random() < 0.35:
+        return rng.choice(WORDS)
+    word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+    return word.capitalize() if rng.random() < 0.6 else word
+
+
+def training_tool(rng: random.Random) -> dict:
+    """A tool the model may train on: never a held-out name or parameter."""
+    verb, topic, parameter = rng.choice(VERBS), rng.choice(TOPICS), rng.choice(PARAMETERS)
+    return make_tool(rng, verb, topic, parameter)
+
+
+def make_tool(rng: random.Random, verb: str, topic: str, parameter: str) -> dict:
+    style = rng.random()
+    name = f"{verb}_{topic}" if style < 0.7 else f"{verb}{topic.capitalize()}" if style < 0.85 else \
+        f"{verb}_{topic}_{parameter}"
+    description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}"])
+    return {"schema": tool_schema(name, description.format(V=verb.capitalize(), t=topic, p=parameter), parameter,
+                                  f"the {parameter}"),
+            "name": name, "parameter": parameter, "topic": topic, "verb": verb}
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """A call as Qwen3 writes it (and as its template writes calls of earlier turns)."""
+    return '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(arguments, ensure_ascii=False) + \
+        "}\n</tool_call>"
+
+
+def reply_text(answer: str, thought: str | None) -> str:
+    """What the model writes after the generation prompt: with thinking on, a short thought first."""
+    return ("" if thought is None else "<think>\n" + thought + "\n</think>\n\n") + answer
+
+
+def tool_conversation(rng: random.Random, tools: list[dict], pick: dict, value: str, question: str,
+                      thinking: bool) -> tuple[list[dict], list[dict], str, dict]:
+    """(messages, tool schemas, the reply to train on, template kwargs) for one question that
+    needs the tool `pick`."""
+    system = rng.choice(SYSTEMS)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    thought = f"The user asks for the {pick['topic']} of {value}. I will call {pick['name']}." if thinking else None
+    answer = call_text(pick["name"], {pick["parameter"]: value})
+    return messages, [t["schema"] for t in tools], reply_text(answer, thought), {"enable_thinking": thinking}
+
+
+def tool_sample(rng: random.Random):
+    """A training question with 1-3 tools offered: the call, or (after the call) the answer from
+    the tool's result."""
+    tools, n = [], rng.randint(1, 4)
+    while len(tools) < n:
+        t = training_tool(rng)
+        if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
+            tools.append(t)
+    pick = rng.choice(tools)
+    value = made_up_value(rng)
+    if rng.random() < 0.2:               # the question names what to do, not the topic
+        question = rng.choice(VERB_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], v=value)
+    else:
+        question = rng.choice(QUESTIONS).format(t=pick["topic"], v=value)
+    thinking = rng.random() < 0.5
+    messages, schemas, reply, kwargs = tool_conversation(rng, tools, pick, value, question, thinking)
+    if rng.random() < 0.3:               # the round trip: the call was made, the result came back
+        call_id = "call_" + "".join(rng.choice("0123456789abcdef") for _ in range(8))
+        result = str(rng.randint(1, 999)) if rng.random() < 0.6 else made_up_value(rng)
+        key = rng.choice(RESULT_KEYS)
+        messages += [{"role": "assistant", "content": "", "tool_calls": [{
+                          "id": call_id, "type": "function",
+                          "function": {"name": pick["name"], "arguments": json.dumps({pick["parameter"]: value})}}]},
+                     {"role": "tool", "tool_call_id": call_id, "content": json.dumps({key: result})}]
+        answer = rng.choice(ANSWERS).format(t=pick["topic"], v=value, r=result)
+        thought = f"The tool says the {pick['topic']} of {value} is {result}." if thinking else None
+        reply = reply_text(answer, thought)
+        return messages, schemas, reply, kwargs, [value, result]
+    return messages, schemas, reply, kwargs, [pick["name"], value]
+
+
+def held_out_cases(seed: int = 0) -> list[dict]:
+    """The 30 held-out prompts: 10 unseen functions x 3 questions, each offered with two unseen
+    distractor tools. [{"messages", "tools", "name", "parameter", "value"}]"""
+    rng = random.Random(seed)
+    cases = []
+    for i, (name, description, parameter, topic, questions, values) in enumerate(HELD_OUT_TOOLS):
+        for question, value in zip(questions, values):
+            others = rng.sample([t for j, t in enumerate(HELD_OUT_TOOLS) if j != i], 2)
+            offered = [(name, description, parameter)] + [(o[0], o[1], o[2]) for o in others]
+            rng.shuffle(offered)
+            cases.append({"messages": [{"role": "user", "content": question.format(v=value)}],
+                          "tools": [tool_schema(n, d, p, f"the {p}") for n, d, p in offered],
+                          "name": name, "parameter": parameter, "value": value})
+    return cases
+
+
+_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def is_right_call(text: str, case: dict) -> bool:
+    """A well-formed call (the tool-call parser's format) to the right function, with the value
+    from the question as its argument, and nothing else called."""
+    calls = _CALL.findall(text.split("</think>")[-1])
+    if len(calls) != 1:
+        return False
+    try:
+        obj = json.loads(calls[0])
+    except ValueError:
+        return False
+    args = obj.get("arguments") if isinstance(obj, dict) else None
+    return (obj.get("name") == case["name"] and isinstance(args, dict)
+            and str(args.get(case["parameter"], "")).strip().lower() == case["value"].lower())
