@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from appliance.options import KV_FORMATS, PROBE_MODES, WEIGHT_FORMATS, SparseConfig
+from appliance.engine.speculative import MAX_DRAFT_TOKENS
 
 ENV_PREFIX = "APPLIANCE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -85,6 +86,10 @@ class Settings:
     max_step_tokens: int | None = setting(None, "rows one step computes while streams decode (their tokens plus "
                                                 "prompt chunks); default: sized from measured step times so a "
                                                 "step lasts about 8 decode steps", low=8, high=8192, metavar="N")
+    spec_prompt_lookup: int = setting(0, "speculative decoding by prompt lookup: up to K tokens guessed from "
+                                         "the prompt and answer, verified in the same forward pass (same output; "
+                                         "requests may set their own `speculative`); 0: off", low=0,
+                                      high=MAX_DRAFT_TOKENS, metavar="K")
     sparse_attn: bool = setting(False, "block-sparse attention for long contexts (docs/engine.md)")
     sparse_k: int = setting(_SPARSE.k, "blocks kept per head by sparse attention", low=1, metavar="K")
     sparse_block: int = setting(_SPARSE.block, "positions per sparse block", low=1, metavar="N")
@@ -333,12 +338,12 @@ def add_setting_flags(parser: argparse.ArgumentParser, keys=None) -> None:
         if key.endswith("_bytes") and shown and shown % (1 << 20) == 0:
             shown = f"{shown >> 20} MiB"
         help_text = meta["help"] + (f" (default {shown})" if shown not in (None, False) else "")
+        help_text = help_text.replace("%", "%%")       # argparse formats help with %
         if kind.startswith("bool"):
             parser.add_argument(flag_name(key), dest=key, action="store_true", default=None, help=help_text)
             continue
         convert = int if kind.startswith("int") else float if kind.startswith("float") else str
         parser.add_argument(flag_name(key), dest=key, type=convert, choices=meta["choices"], default=None,
-        help_text = help_text.replace("%", "%%")       # argparse formats help with %
                             metavar=meta["metavar"] if not meta["choices"] else None, help=help_text)
 
 

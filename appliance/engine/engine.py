@@ -27,6 +27,7 @@ from appliance.errors import ContextLengthError, KVCacheFullError, ModelLoadErro
 from appliance.engine.kv_cache import PagedKVCache, SequenceBlocks
 from appliance.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from appliance.engine.sequence_cache import SequenceCache
+from appliance.engine.speculative import Speculation, SpeculativeConfig, StepCosts
 from appliance.engine.steps import StepAPI, _Work
 from appliance.models import read_family
 from appliance.kernels.dispatch import kernels
@@ -53,9 +54,12 @@ class TokenEvent:
     completion_tokens: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, str, float]] | None = None
-    step_s: float = 0.0                        # wall time of the step that produced the token
+    step_s: float = 0.0                        # wall time of the step that produced the token (its
+                                               # share, when one step produced several)
     prefill_s: float | None = None             # set on the first token: time spent on the prompt
     cached_tokens: int = 0                     # set on the first token: prompt tokens the prefix cache gave
+    draft_tokens: int | None = None            # with speculation: tokens drafted for the sequence so far
+    accepted_draft_tokens: int | None = None   # ... and of those, emitted as drafted
 
 
 class Sequence:
@@ -74,6 +78,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.prefilled = False
         self.vision = None        # a multimodal family's image state (None: text only)
+        spec = SpeculativeConfig.coerce(params.speculative)
+        self.speculation = Speculation(spec) if spec is not None else None
 
     @property
     def n_context(self) -> int:
@@ -116,6 +122,7 @@ class Engine(StepAPI):
     # 0.6B model, so 16 keep a step's reading near a decode step's time on eMMC.
     disk_blocks_per_step: int = 16
     weight_cache: CacheReport | None = None    # what the quantized weight cache did at load
+    step_costs: StepCosts = field(default_factory=StepCosts, repr=False)   # what a verification row costs
     # Callables that receive every stats object the engine emits (engine/stats.py).
     listeners: list = field(default_factory=list, repr=False)
 
@@ -317,8 +324,7 @@ class Engine(StepAPI):
             event = self.prefill(seq)
             yield event
             while not seq.done:
-                event, = self.decode([seq])
-                yield event
+                yield from self.decode([seq])      # several tokens a step with speculative decoding
         finally:
             self.release(seq)
 
@@ -380,9 +386,10 @@ class Engine(StepAPI):
         return out
 
     # ---- internals -----------------------------------------------------------
-    def _accept(self, seq: Sequence, logits: np.ndarray, step_s: float) -> TokenEvent:
-        """Sample from one row of logits, update the sequence, say what the user sees."""
-        token = seq.sampler(logits)
+    def _accept(self, seq: Sequence, logits: np.ndarray, step_s: float, draft: int | None = None) -> TokenEvent:
+        """Sample from one row of logits, update the sequence, say what the user sees. draft: the
+        token speculative decoding guessed for this row (the sampler verifies it)."""
+        token = seq.sampler(logits) if draft is None else seq.sampler.verify(logits, draft)[0]
         seq.output_ids.append(token)
         p = seq.params
         logprob = top = None

@@ -90,6 +90,27 @@ class SequenceBlocks:
         return table, blockpos, count
 
 
+@dataclass
+class RowsBackup:
+    """What positions [start, end) of a sequence held before a write that may be undone (the
+    drafted rows of a speculative step), in every pool array, so that undoing the rows past the
+    accepted ones leaves the pool as if they had never been written.
+
+    rows[name]: [T, n_layers, n_kv, ...] the rows of k, v and their scales at those positions;
+    probe[name]: the compact probe rows of the sampled positions among them (sampled: bool[T]);
+    bounds[block]: the bound rows of blocks whose last position is in the range (a write there
+    recomputes them), copies of bound_k[:, block] and bound_k_scale[:, block].
+    """
+
+    start: int
+    blocks: np.ndarray                  # intp[T] physical block of each position
+    offsets: np.ndarray                 # intp[T] position within its block
+    rows: dict[str, np.ndarray]
+    sampled: np.ndarray | None = None
+    probe: dict[str, np.ndarray] = field(default_factory=dict)
+    bounds: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
 class PagedKVCache:
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, kind: str = "q8",
                  block_size: int = 32, capacity_tokens: int = 4096):
@@ -245,6 +266,49 @@ class PagedKVCache:
 
     def block_copy(self, block: int) -> dict[str, np.ndarray]:
         return {name: a[:, block].copy() for name, a in self._block_arrays().items()}
+
+    # ---- undoing a write (speculative decoding's rejected rows) ----------------
+    def save_rows(self, seq: SequenceBlocks, start: int, end: int) -> RowsBackup:
+        """What positions [start, end) of `seq` hold now (its blocks must reach `end`)."""
+        bs = self.block_size
+        pos = np.arange(start, end)
+        blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // bs]
+        offsets = pos % bs
+        arrays = {"k": self.k, "v": self.v, "k_scale": self.k_scale, "v_scale": self.v_scale}
+        backup = RowsBackup(start, blocks, offsets,
+                            {name: a[:, blocks, :, offsets] for name, a in arrays.items() if a is not None})
+        if self.probe_k is not None:
+            backup.sampled = offsets % self.probe_step == 0
+            pb, prow = blocks[backup.sampled], offsets[backup.sampled] // self.probe_step
+            backup.probe["probe_k"] = self.probe_k[:, pb, :, prow]
+            if self.probe_k_scale is not None:
+                backup.probe["probe_k_scale"] = self.probe_k_scale[:, pb, :, prow]
+        if self.bound_k is not None:
+            for block in blocks[offsets == bs - 1]:
+                backup.bounds[int(block)] = (self.bound_k[:, block].copy(), self.bound_k_scale[:, block].copy())
+        return backup
+
+    def undo_rows(self, seq: SequenceBlocks, backup: RowsBackup, length: int, keep_blocks: int) -> None:
+        """Put back what positions from `length` on held before the write `backup` was taken for,
+        and give the pool the blocks past max(keep_blocks, those `length` positions fill), newest
+        first, so the pool's free list is as it was."""
+        undo = backup.start + np.arange(len(backup.blocks)) >= length
+        if undo.any():
+            blocks, offsets = backup.blocks[undo], backup.offsets[undo]
+            for name, rows in backup.rows.items():
+                getattr(self, name)[:, blocks, :, offsets] = rows[undo]
+            if backup.sampled is not None:
+                sampled = backup.sampled & undo
+                kept = undo[backup.sampled]
+                pb, prow = backup.blocks[sampled], backup.offsets[sampled] // self.probe_step
+                for name, rows in backup.probe.items():
+                    getattr(self, name)[:, pb, :, prow] = rows[kept]
+            for block in blocks[offsets == self.block_size - 1] if self.bound_k is not None else ():
+                self.bound_k[:, block], self.bound_k_scale[:, block] = backup.bounds[int(block)]
+        keep = max(keep_blocks, -(-length // self.block_size))
+        while len(seq.blocks) > keep:
+            self.pool.drop(seq.blocks.pop())
+        seq.length = length
 
     # ---- writes -----------------------------------------------------------
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:

@@ -30,6 +30,9 @@ class SamplingParams:
     # "open": the prompt opened it (engine/logits.py)
     thinking: str | None = None
     grammar: object = None          # an appliance.engine.grammar.Grammar the output must match
+    # speculative decoding: an appliance.engine.speculative.SpeculativeConfig, a dict of its
+    # fields or a number of drafted tokens; None: off
+    speculative: object = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -85,6 +88,24 @@ class Sampler:
         for proc in self.processors:
             proc.accept(token)
         return token
+
+    def verify(self, logits: np.ndarray, draft: int) -> tuple[int, bool]:
+        """(token, accepted) for a row whose next token was drafted (speculative decoding): the
+        same processors and choice as __call__, so a drafted position is exactly a plain one.
+
+        The rejection-sampling rule for a draft q and the model's distribution p (after every
+        processor, temperature, top-k/top-p/min-p) accepts the drafted d with probability
+        min(1, p(d) / q(d)) and, on a rejection, samples from the residual max(0, p - q)
+        normalised. A lookup draft is a point mass, q(d) = 1: d is accepted with probability
+        p(d), and the residual is p with d removed, p(x) / (1 - p(d)) for x != d. Drawing one x
+        from p and accepting iff x == d has exactly that law: P(d) = p(d), and
+        P(x) = (1 - p(d)) * p(x) / (1 - p(d)) = p(x) otherwise; so the token is simply sampled
+        as always (the argmax at temperature 0) and compared with the draft. It draws the same
+        random numbers as __call__: a seeded request gives the same tokens with speculation as
+        without, and the processors (penalties, a grammar matcher) advance by the emitted token
+        only, one row at a time."""
+        token = self(logits)
+        return token, token == draft
 
     def _process(self, x: np.ndarray, raw: np.ndarray) -> int | None:
         """Run the processors on x in place; a token when one of them forces it."""

@@ -68,10 +68,16 @@ class SparseAttention(ExactAttention):
         for seg in batch.segments:
             rows = slice(seg.row_start, seg.row_end)
             self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
-            if seg.row_end - seg.row_start == 1 and not seg.prefill:
+            if seg.prefill:
+                self._prefill(layer, q[rows], seg, out[rows])
+            elif seg.row_end - seg.row_start == 1:
                 self._decode(layer, q[rows], seg, out[rows])
             else:
-                self._prefill(layer, q[rows], seg, out[rows])
+                # Verification rows of a speculative step: each chooses its blocks as a one-row
+                # decode step at its position would (the later rows' K/V are written, not seen).
+                for i in range(seg.row_start, seg.row_end):
+                    self._decode(layer, q[i:i + 1], _row_view(seg, i - seg.row_start, self.config.block),
+                                 out[i:i + 1])
         return out.reshape(q.shape[0], -1)
 
     # ---- decode ------------------------------------------------------------
@@ -156,6 +162,16 @@ class SparseAttention(ExactAttention):
         idx = np.nonzero(chosen)[1].reshape(n_kv, -1).astype(np.int32)   # sorted per head
         self.attend(layer, q, seg, out, np.ascontiguousarray(table[idx]), idx,
                     np.ascontiguousarray(count[idx]), importance)
+
+
+def _row_view(seg: Segment, i: int, block: int) -> Segment:
+    """Row i of a decode segment as the segment of a one-row step at that row's position."""
+    pos = int(seg.qpos[i])
+    visible = pos // block + 1
+    count = seg.count[:visible].copy()
+    count[-1] = pos - (visible - 1) * block + 1
+    return Segment(seg.blocks, 0, 1, pos, seg.table[:visible], seg.blockpos[:visible], count,
+                   seg.qpos[i:i + 1], vision=seg.vision)
 
 
 def make_attention(cache: PagedKVCache, head_dim: int, n_layers: int, sparse: SparseConfig | None):

@@ -44,6 +44,8 @@ class DecodeStats:
     gemm_s: float = 0.0
     attn_s: float = 0.0
     contexts: list[int] = field(default_factory=list)  # context length of each sequence
+    # tokens each sequence got (speculative decoding lands several in one step); empty: one each
+    tokens: list[int] = field(default_factory=list)
 
     @property
     def attn_share(self) -> float:

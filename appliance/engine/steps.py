@@ -8,6 +8,7 @@ sequence gives its blocks back and later resumes where it stopped.
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ from appliance.engine import stats as profiler
 from appliance.engine.batch import Batch, Segment
 from appliance.engine.sampling import SamplingParams
 from appliance.engine.sequence_cache import tokens_at
+from appliance.engine.speculative import SpeculativeStats
+from appliance.engine.speculative_step import Draft, SpeculativeSteps
 
 if TYPE_CHECKING:
     from appliance.engine.engine import Sequence, TokenEvent
@@ -41,10 +44,10 @@ class _Work:
     pos_start: int
     logits: int = 1           # how many of the last rows need logits (0: a prompt chunk mid-way)
     prefill: bool = False     # prompt rows (block-sparse attention chooses blocks differently)
+    draft: Draft | None = None  # speculative decoding: the tokens after the first, to verify
 
 
-
-class StepAPI:
+class StepAPI(SpeculativeSteps):
     """Engine methods that run steps (start / step / prefill / decode / preempt / resume / release)."""
 
     def start(self, prompt_ids: list[int], params: SamplingParams, images: list | None = None,
@@ -61,9 +64,10 @@ class StepAPI:
     def step(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]] = ()) -> list[tuple[Sequence, TokenEvent]]:
         """One batched forward pass: the next token of every sequence in `decode`, and for each
         (sequence, n) in `prefill` the next chunk of at most n prompt tokens (or of its cached start
-        read from disk). A sequence whose prompt completes gets its first token.
+        read from disk). A sequence whose prompt completes gets its first token. A decoding sequence
+        with speculative decoding on may get several tokens (speculative_step.py).
 
-        Returns (sequence, event) for every sequence that got a token: decoders first, in order."""
+        Returns (sequence, event) for every token: decoders first, in order."""
         t0 = time.perf_counter()
         timer = profiler.StepTimer()
         work = [_Work(s, [s.output_ids[-1]], s.n_context) for s in decode if not s.done]
@@ -74,12 +78,18 @@ class StepAPI:
                 work.append(chunk)
         if not work:
             return []
+        drafted = self._add_drafts(work)
         logits = self._forward(work, timer)
         total = time.perf_counter() - t0
         rows = sum(len(w.token_ids) for w in work)
-        out, row = [], 0
+        out, row, spec = [], 0, SpeculativeStats()
         for w in work:
             seq = w.seq
+            if w.draft is not None:
+                out += self._verify(w, logits[row:row + w.logits], total, spec)
+                row += w.logits
+                self.sequences.commit(seq, chunk_end=False)
+                continue
             self.sequences.commit(seq, chunk_end=w.prefill)
             if w.prefill:
                 clock = seq.prefill_clock
@@ -95,8 +105,20 @@ class StepAPI:
             out.append((seq, event))
         decoded = [w.seq.n_context for w in work if not w.prefill]
         if decoded:
+            if len(decoded) == len(work):
+                self.step_costs.observe(rows, total)
+            tokens = []
+            if drafted:
+                got = collections.Counter(id(s) for s, _ in out)
+                tokens = [got[id(w.seq)] for w in work if not w.prefill]
             self._emit(profiler.DecodeStats(batch=len(decoded), n_context=max(decoded), total_s=total,
-                                            gemm_s=timer.gemm_s, attn_s=timer.attn_s, contexts=decoded))
+                                            gemm_s=timer.gemm_s, attn_s=timer.attn_s, contexts=decoded,
+                                            tokens=tokens))
+        for seq, event in out:
+            if seq.speculation is not None:
+                event.draft_tokens, event.accepted_draft_tokens = seq.speculation.drafted, seq.speculation.accepted
+        if spec.sequences:
+            self._emit(spec)
         return out
 
     def _next_chunk(self, seq: Sequence, n: int, shared: bool) -> _Work | None:

@@ -127,9 +127,16 @@ class Reply:
             {"reasoning": self.reasoning, "content": self.content, "tool_call": self.tool_calls}[kind].append(value)
 
     def _usage(self, fin) -> dict:
-        return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-                "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": getattr(fin, "cached_tokens", 0)}}
+        usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+                 "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": getattr(fin, "cached_tokens", 0)}}
+        drafted = getattr(fin, "draft_tokens", None)
+        if drafted is not None:
+            # Speculative decoding's guesses, in the fields OpenAI's predicted outputs report them in.
+            accepted = fin.accepted_draft_tokens or 0
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                                  "rejected_prediction_tokens": drafted - accepted}
+        return usage
 
     def message(self, fin) -> dict:
         self._collect(self._finish_items(fin))

@@ -15,9 +15,10 @@ One loop iteration ("step"):
   3. if the pool cannot give every decoding sequence the block it may need, preempt the
      newest sequences: their blocks go back (full ones stay in the prefix cache) and they
      wait at the head of the queue, to resume where they stopped; never a false "length";
-  4. run one engine.step: a token for every decoding sequence and, within the step's token
-     budget, the next chunk of the prompts being prefilled (oldest first). A long prompt so
-     delays running streams by about one budget's worth of compute per step.
+  4. run one engine.step: a token for every decoding sequence (several, when speculative
+     decoding guessed them right) and, within the step's token budget, the next chunk of the
+     prompts being prefilled (oldest first). A long prompt so delays running streams by about
+     one budget's worth of compute per step.
 Requests are answered in arrival order; a request whose KV does not fit waits at the
 head of the queue until running ones finish and free blocks.
 """
@@ -68,6 +69,8 @@ class Finished:
     completion_tokens: int = 0
     cause: str = ""              # why an "error" outcome: one of REFUSALS, or "" (the engine failed)
     cached_tokens: int = 0       # prompt tokens the prefix cache gave (usage.prompt_tokens_details)
+    draft_tokens: int | None = None           # speculative decoding (None: off): tokens drafted
+    accepted_draft_tokens: int | None = None  # ... and of those, emitted as drafted
 
 
 @dataclass
@@ -492,7 +495,9 @@ class Scheduler:
         req.events.put(ev)
         if ev.finish_reason is not None:
             self._finish(req, Finished(ev.finish_reason, ev.finish_reason, "",
-                                       ev.prompt_tokens, ev.completion_tokens))
+                                       ev.prompt_tokens, ev.completion_tokens,
+                                       draft_tokens=getattr(ev, "draft_tokens", None),
+                                       accepted_draft_tokens=getattr(ev, "accepted_draft_tokens", None)))
 
     def _finish(self, req: Request, fin: Finished) -> None:
         if req.finished is not None:

@@ -16,6 +16,7 @@ from flask import request
 
 from appliance.server import chat, structured
 from appliance.server.chat import ToolChoice
+from appliance.server import speculative_params
 from appliance.server.errors import APIError
 
 MAX_STOP = 4
@@ -51,6 +52,7 @@ class ServingDefaults:
     chat_template_kwargs: dict = field(default_factory=dict)
     max_thinking_tokens: int | None = None
     reasoning_parser: str = "qwen3"
+    speculative: Any = None                      # SpeculativeConfig of --spec-prompt-lookup, or None
 
     @classmethod
     def from_settings(cls, settings, engine) -> "ServingDefaults":
@@ -59,7 +61,8 @@ class ServingDefaults:
                    chat_template_kwargs=chat.parse_json_object_setting(
                        getattr(settings, "chat_template_kwargs", None)),
                    max_thinking_tokens=getattr(settings, "max_thinking_tokens", None),
-                   reasoning_parser=getattr(settings, "reasoning_parser", "qwen3") or "qwen3")
+                   reasoning_parser=getattr(settings, "reasoning_parser", "qwen3") or "qwen3",
+                   speculative=speculative_params.server_default(settings))
 
 
 def read_json_body() -> dict:
@@ -332,6 +335,7 @@ def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults |
     params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None,
                              thinking=thinking, max_thinking_tokens=budget if thinking else None,
                              grammar=grammar)
+    params.speculative = speculative_params.parse(body, serving)
     return GenerationRequest("chat", model, prompt_ids, params, stream, include_usage,
                              want_logprobs, top or 0, images or None,
                              reasoning=_reasoning_state(engine, serving, thinking),
@@ -380,5 +384,6 @@ def parse_completion(body: dict, engine, serving: ServingDefaults | None = None)
     check_fits(len(prompt_ids), engine.max_context, "prompt")
     params = sampling_params(body, engine, len(prompt_ids), top, default_max_tokens=16,
                              grammar=structured.output_grammar(body, engine.tokenizer))
+    params.speculative = speculative_params.parse(body, serving)
     return GenerationRequest("completion", model, prompt_ids, params, stream, include_usage,
                              top is not None, top or 0)

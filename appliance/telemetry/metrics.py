@@ -1,7 +1,7 @@
 """Stats objects -> Prometheus series. The only module that knows prometheus-client.
 
 Inputs are plain objects: the engine's PrefillStats / DecodeStats / VisionStats
-(appliance/engine/stats.py), the scheduler's RequestStats / StepTokens, and, read at scrape
+(appliance/engine/stats.py) and SpeculativeStats (appliance/engine/speculative.py), the scheduler's RequestStats / StepTokens, and, read at scrape
 time through callables the server binds, the latest SchedulerState and ThermalSnapshot. Names follow Prometheus conventions: `appliance_` prefix, base
 units (seconds, hertz, celsius, ratio), `_total` on counters, explicit buckets.
 """
@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
 from appliance.engine.retrieval_stats import RetrievalStats
+from appliance.engine.speculative import SpeculativeStats
 from appliance.weights.report import CacheReport
 from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
 
@@ -224,6 +225,20 @@ class Metrics:
             "appliance_requests", "Requests by outcome.", labelnames=["outcome"], registry=r)
         for outcome in REQUEST_OUTCOMES:
             self.requests.labels(outcome)
+        self.spec_draft_tokens = Counter(
+            "appliance_spec_draft_tokens", "Tokens speculative decoding drafted and verified.", registry=r)
+        self.spec_accepted_tokens = Counter(
+            "appliance_spec_accepted_tokens", "Drafted tokens the model accepted (emitted as drafted).", registry=r)
+        self.spec_position_drafts = Counter(
+            "appliance_spec_draft_tokens_by_position", "Drafted tokens at each position of their draft (1: the "
+            "first guessed token).", labelnames=["position"], registry=r)
+        self.spec_position_accepted = Counter(
+            "appliance_spec_accepted_tokens_by_position", "Accepted drafted tokens at each position of their draft: "
+            "over appliance_spec_draft_tokens_by_position, the acceptance rate there.", labelnames=["position"],
+            registry=r)
+        for position in ("1", "2", "3", "4"):
+            self.spec_position_drafts.labels(position)
+            self.spec_position_accepted.labels(position)
         self.retrieval_inputs = Counter(
             "appliance_retrieval_inputs", "Inputs embedded (task embed) or documents scored (task rerank).",
             labelnames=["task"], registry=r)
@@ -297,14 +312,21 @@ class Metrics:
     def observe(self, stats) -> None:
         """Any stats object from the engine or the scheduler."""
         if isinstance(stats, DecodeStats):
-            n = max(1, stats.batch)
-            for _ in range(n):
-                self.decode_token.observe(stats.total_s)
+            # a sequence that got m tokens in the step (speculative decoding) waited total_s / m for each
+            for m in stats.tokens or [1] * max(1, stats.batch):
+                for _ in range(m):
+                    self.decode_token.observe(stats.total_s / m)
             self.decode_attention.observe(stats.attn_share)
             self.decode_attention_last.set(stats.attn_share)
             self.decode_batch.observe(stats.batch)
             for c in stats.contexts or [stats.n_context]:
                 self.decode_context.observe(c)
+        elif isinstance(stats, SpeculativeStats):
+            self.spec_draft_tokens.inc(stats.draft_tokens)
+            self.spec_accepted_tokens.inc(stats.accepted_tokens)
+            for i, (drafted, accepted) in enumerate(zip(stats.drafted, stats.accepted)):
+                self.spec_position_drafts.labels(str(i + 1)).inc(drafted)
+                self.spec_position_accepted.labels(str(i + 1)).inc(accepted)
         elif isinstance(stats, VisionStats):
             self.vision_encode.observe(stats.total_s)
         elif isinstance(stats, PrefillStats):

@@ -135,6 +135,41 @@
     setTimeout(poll, POLL_MS);
   }
 
+  // ---- speculative decoding ------------------------------------------------------
+  // The share of drafted tokens the model accepted, beside tokens/s: from /metrics' counters
+  // (appliance_spec_*), read every few seconds; the rate is over the last interval with drafts.
+  const SPEC_POLL_MS = 5000;
+  const spec = {drafted: null, accepted: null};
+
+  async function pollSpeculation() {
+    try {
+      const text = await (await fetch("/metrics", {cache: "no-store"})).text();
+      const read = name => {
+        const m = text.match(new RegExp(`^${name} ([0-9.eE+-]+)$`, "m"));
+        return m ? Number(m[1]) : null;
+      };
+      const drafted = read("appliance_spec_draft_tokens_total");
+      const accepted = read("appliance_spec_accepted_tokens_total");
+      let el = $("spec-now");
+      if (!el && drafted) {
+        el = document.createElement("span");
+        el.id = "spec-now";
+        el.className = "now";
+        $("tps-now").after(el);
+      }
+      if (el && spec.drafted !== null && drafted > spec.drafted) {
+        const rate = (accepted - spec.accepted) / (drafted - spec.drafted);
+        el.textContent = `drafts accepted ${(100 * rate).toFixed(0)}% (${(100 * accepted / drafted).toFixed(0)}% ` +
+          `of ${drafted} overall)`;
+      }
+      spec.drafted = drafted;
+      spec.accepted = accepted;
+    } catch (e) {
+      // no metrics: nothing to show
+    }
+    setTimeout(pollSpeculation, SPEC_POLL_MS);
+  }
+
   // ---- chat ------------------------------------------------------------------
 
   const MAX_TOOL_ROUNDS = 3;
@@ -334,4 +369,5 @@
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("chat-form").requestSubmit(); }
   });
   poll();
+  pollSpeculation();
 })();
