@@ -420,3 +420,38 @@ def test_speculation_stats_reach_the_listeners(tiny_qwen3_dir, scripted):
 
 def seq_drafted(stats) -> int:
     return sum(sum(s.drafted) for s in stats)
+
+
+def test_a_json_schema_grammar_with_speculation(tiny_qwen3_dir):
+    """llguidance's matcher consumes each emitted token once, drafted or not: the same JSON, greedy
+    and seeded at temperature 1."""
+    from appliance.engine import grammar
+    engine = load(tiny_qwen3_dir)
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "tags"],
+              "properties": {"name": {"type": "string", "maxLength": 12},
+                             "tags": {"type": "array", "items": {"enum": ["quick", "brown", "fox"]}, "maxItems": 6}}}
+    g = grammar.json_schema(schema, engine.tokenizer)
+    ids = engine.tokenizer.encode('{"name": "fox", "tags": ["quick", "brown", "quick", "brown"]} '
+                                  '{"name": "dog", "tags": ["quick", "brown", "quick"')
+    for temperature, seed in ((0.0, None), (1.0, 5)):
+        p = dict(max_tokens=60, temperature=temperature, seed=seed, grammar=g)
+        want = engine.generate(ids, stream=False, **p)
+        got = list(engine.generate(ids, speculative={"num_tokens": 4, "ngram_min": 1, "adaptive": False}, **p))
+        assert [e.token_id for e in got] == want["token_ids"]
+        assert got[-1].accepted_draft_tokens > 10
+
+
+def test_moe_family(tmp_path_factory, scripted):
+    """Verification rows go through a sparse MoE layer's expert routing as decode rows do."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models_moe import build_qwen3_moe
+    model_dir = build_qwen3_moe(tmp_path_factory.mktemp("moe_spec"))
+    engine = load(model_dir, weights="q8")
+    ids = prompt(30, seed=17)
+    want, want_pool, _, _ = run(engine, ids, 40)
+    answer = [e.token_id for e in want]
+    got, got_pool, _, _ = run(engine, ids, 40, scripted(len(ids), answer, lambda o, i: i == o % 5))
+    assert [e.token_id for e in got] == answer
+    same_pool(got_pool, want_pool)

@@ -95,3 +95,32 @@ def test_streaming_chat_with_speculation(idle_server, openai_client, model_id):
     assert text == plain.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
     assert chunks[-1].usage.completion_tokens_details is not None
+
+
+@pytest.mark.slow
+def test_the_dashboard_shows_the_acceptance_rate(idle_server, model_id):
+    """In Debian's Chromium: after a speculating request the page shows the share of drafts accepted."""
+    import shutil
+    playwright = pytest.importorskip("playwright.sync_api")
+    chromium = "/usr/bin/chromium"
+    if not shutil.which(chromium):
+        pytest.skip("chromium: run scripts/ci/install_server_deps.sh")
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=args, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(idle_server.base + "/", wait_until="load")
+            page.wait_for_timeout(500)                  # the page's first read of /metrics
+            for _ in range(2):
+                r = idle_server.post("/v1/completions", json={"model": model_id, "prompt": PROMPT, "max_tokens": 40,
+                                                              "temperature": 0, "speculative": SPEC})
+                assert r.status_code == 200
+            drafted, _ = spec_totals(idle_server)
+            want = f"% of {int(drafted)} overall)"          # the total the page read last: both requests
+            page.wait_for_function("(want) => { const el = document.getElementById('spec-now');"
+                                   " return el !== null && el.textContent.includes(want); }", arg=want, timeout=30000)
+            assert page.text_content("#spec-now").startswith("drafts accepted ")
+        finally:
+            browser.close()
