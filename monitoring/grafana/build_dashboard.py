@@ -33,6 +33,17 @@ PANELS = [
          "Boards with at least one CPU cluster held below its maximum frequency.",
          [(f"count(board:cpu_throttled:max{{{B}}} > 0) or vector(0)", "throttled")], 6),
     ]),
+    ("Rollouts", [
+        ("timeseries", "Out of the load balancer", "none",
+         "1 while the load balancer keeps a board out of rotation: a rollout draining and "
+         "restarting it, or the operator (loadbalancer_drained). A board left out for long "
+         "is a rollout that stopped (BoardDrainedTooLong).",
+         [(f"max by (board) (fleet_loadbalancer_board_drained{{{B}}})", "{{board}}")], 12),
+        ("timeseries", "Boards per release", "none",
+         "How many boards serve each appliance version: two lines while a rollout runs, one "
+         "after it; two for an hour is FleetReleaseSkew.",
+         [(f"count by (version) (appliance_build_info{{{B}}})", "{{version}}")], 12),
+    ]),
     ("Decode", [
         ("timeseries", "Decode ms/token (p50)", "ms",
          "Median time to produce one output token, per board (5-minute window). Boards of one "

@@ -93,8 +93,10 @@ start_host() {  # name address
   mkdir -p "$CGROUP/$name" "$CPUACCT/$name"
   # --keep-unit --register=no: no systemd on this machine to register with; the container's
   # console goes to console.log. /srv is a directory of this machine (the fake sysfs).
+  # /proc/sys/net is the host's own network namespace: writable, as on a machine.
   nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@"' _ \
     "$CGROUP/$name" "$CPUACCT/$name" \
+    env SYSTEMD_NSPAWN_API_VFS_WRITABLE=network \
     systemd-nspawn --quiet --boot --register=no --keep-unit --machine="$name" --directory="$hd/root" \
     --network-namespace-path="/run/netns/$ns" --bind="$hd/srv:/srv" --link-journal=no \
     > "$hd/console.log" 2>&1 &
