@@ -1,4 +1,4 @@
-"""Builds appliance.kernels._kernels, every compiled kernel, from kernels/ (C + Cython) with OpenMP.
+"""Builds appliance.kernels._kernels, every compiled kernel, from kernels/ (C + Cython) and its thread pool.
 
 Flags follow the *target* platform (sysconfig.get_platform() honours
 _PYTHON_HOST_PLATFORM, so cross builds for aarch64 work):
@@ -53,19 +53,22 @@ sources = [
     "kernels/portable.c",
     "kernels/x86/avx2.c",
     "kernels/x86/avx2_attention.c",
+    "kernels/x86/avx_vnni.c",
+    "kernels/x86/avx512_vnni.c",
     "kernels/arm/neon.c",
     "kernels/arm/neon_attention.c",
     "kernels/kv_store.c",
     "kernels/sparse_select.c",
     "kernels/dispatch.c",
+    "kernels/pool.c",
 ]
 
 extension = Extension(
     "appliance.kernels._kernels",
     sources,
     include_dirs=["kernels", numpy_include],
-    extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"] + arch_flags,
-    extra_link_args=["-fopenmp"],
+    extra_compile_args=["-O3", "-pthread", "-ffp-contract=off", "-std=gnu11"] + arch_flags,
+    extra_link_args=["-pthread"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 

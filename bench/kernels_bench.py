@@ -31,7 +31,7 @@ CLOCK = time.perf_counter
 
 def median_time(fn, repeats: int, min_time: float = 0.05) -> tuple[float, float]:
     """(median, best) seconds per call over `repeats` timed batches."""
-    fn()                                            # warm caches, OpenMP team, page faults
+    fn()                                            # warm caches, the pool's workers, page faults
     inner = 1
     t0 = CLOCK()
     fn()

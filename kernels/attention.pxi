@@ -26,11 +26,8 @@ cdef int _check_list(object a, str name, Py_ssize_t ndim, Py_ssize_t n_kv, Py_ss
     return 0
 
 
-cdef object _attention(int kind, object q, object k, object ks, object v, object vs, object table,
-                       object blockpos, object count, object qpos, float scale, object out,
-                       object path, int threads, object importance=None):
-    cdef bint simd = _use_simd(path)
-    cdef int nt = _nthreads(threads)
+cdef tuple _check_cache(int kind, object q, object k, object ks, object v, object vs):
+    """Validate the queries and one cache layer; (T, Hq, hd, nblk, n_kv, bs)."""
     _check(q, "q", cnp.NPY_FLOAT32, 3, 0, "float32 [T, Hq, hd]")
     cdef Py_ssize_t T = _dim(q, 0), Hq = _dim(q, 1), hd = _dim(q, 2)
     if kind == KV_Q8:
@@ -66,6 +63,26 @@ cdef object _attention(int kind, object q, object k, object ks, object v, object
             _check_dim(_dim(a, 2), bs, f"{name}.shape[2]")
             if kind == KV_Q4:
                 _check_dim(_dim(a, 3), hd // QK, f"{name}.shape[3]")
+    return T, Hq, hd, nblk, n_kv, bs
+
+
+cdef object _out_like(object out, object q):
+    """out float32 shaped as q, allocated when None."""
+    if out is None:
+        return _empty(3, _dim(q, 0), _dim(q, 1), _dim(q, 2), cnp.NPY_FLOAT32)
+    _check(out, "out", cnp.NPY_FLOAT32, 3, 1, "float32 [T, Hq, hd]")
+    if out.shape != q.shape:
+        raise ValueError(f"out has shape {out.shape}, q has {q.shape}")
+    return out
+
+
+cdef object _attention(int kind, object q, object k, object ks, object v, object vs, object table,
+                       object blockpos, object count, object qpos, float scale, object out,
+                       object path, int threads, object importance=None):
+    cdef bint simd = _use_simd(path)
+    cdef int nt = _nthreads(threads)
+    cdef Py_ssize_t T, Hq, hd, nblk, n_kv, bs
+    T, Hq, hd, nblk, n_kv, bs = _check_cache(kind, q, k, ks, v, vs)
 
     if not cnp.PyArray_Check(table) or cnp.PyArray_NDIM(<cnp.ndarray>table) not in (1, 2):
         raise ValueError(f"table: expected an int32 array [nsel] or [n_kv, nsel], got {_what(table)}")
@@ -82,12 +99,7 @@ cdef object _attention(int kind, object q, object k, object ks, object v, object
     cdef const int32_t *cp = <const int32_t *>_data(count)
     _check_tables(tp, bp, cp, nsel * (n_kv if tnd == 2 else 1), nblk, bs)
 
-    if out is None:
-        out = _empty(3, T, Hq, hd, cnp.NPY_FLOAT32)
-    else:
-        _check(out, "out", cnp.NPY_FLOAT32, 3, 1, "float32 [T, Hq, hd]")
-        if out.shape != q.shape:
-            raise ValueError(f"out has shape {out.shape}, q has {q.shape}")
+    out = _out_like(out, q)
     cdef const float *qp = <const float *>_data(q)
     cdef const void *kp = _data(k)
     cdef const void *vp = _data(v)
@@ -170,14 +182,85 @@ def attention_f32(q, k, v, table, blockpos, count, qpos, float scale, out=None, 
                       threads, importance)
 
 
+# The cache formats by name (the KV writes in kv.pxi take the same names).
+_KINDS = {"q8": KV_Q8, "q4": KV_Q4, "f32": KV_F32}
+
+
+def attention_batch(str kind, q, k, ks, v, vs, seq_rows, seq_lists, table, blockpos, count, qpos,
+                    float scale, out=None, path="simd", int threads=0):
+    """One attention call for several sequences, their work spread over the threads together
+    (a decode step's batch; kernels.h attention_batch).
+
+    kind "q8" | "q4" | "f32" (ks, vs None for f32); q float32[T, Hq, hd] holds every sequence's rows,
+    sequence s rows seq_rows[s] .. seq_rows[s+1]-1 (seq_rows int64[nseq+1], from 0 to T);
+    seq_lists int64[nseq, 3]: (list0, nsel, stride) of its blocks in table/blockpos/count
+    (int32[entries]): kv head h reads entries list0 + h*stride + i, i < nsel (stride 0: every head
+    the same list); qpos int32[T]. Each sequence's rows of the result equal attention_<kind> of its
+    rows and list alone, bit for bit.
+    """
+    cdef int c_kind = _probe_kind(kind)
+    cdef bint simd = _use_simd(path)
+    cdef int nt = _nthreads(threads)
+    cdef Py_ssize_t T, Hq, hd, nblk, n_kv, bs
+    T, Hq, hd, nblk, n_kv, bs = _check_cache(c_kind, q, k, ks, v, vs)
+    _check(seq_rows, "seq_rows", cnp.NPY_INT64, 1, 0, "int64 [nseq+1]")
+    _check(seq_lists, "seq_lists", cnp.NPY_INT64, 2, 0, "int64 [nseq, 3]")
+    cdef Py_ssize_t nseq = _dim(seq_lists, 0)
+    _check_dim(_dim(seq_lists, 1), 3, "seq_lists.shape[1]")
+    _check_dim(_dim(seq_rows, 0), nseq + 1, "seq_rows.shape[0] (nseq + 1)")
+    for a, name in ((table, "table"), (blockpos, "blockpos"), (count, "count")):
+        _check(a, name, cnp.NPY_INT32, 1, 0, "int32 [entries]")
+    cdef Py_ssize_t entries = _dim(table, 0)
+    _check_dim(_dim(blockpos, 0), entries, "blockpos.shape[0] (entries, as table)")
+    _check_dim(_dim(count, 0), entries, "count.shape[0] (entries, as table)")
+    _check(qpos, "qpos", cnp.NPY_INT32, 1, 0, "int32 [T]")
+    _check_dim(_dim(qpos, 0), T, "qpos.shape[0]")
+    cdef const int64_t *rp = <const int64_t *>_data(seq_rows)
+    cdef const int64_t *lp = <const int64_t *>_data(seq_lists)
+    cdef Py_ssize_t s, last
+    if rp[0] != 0 or rp[nseq] != T:
+        raise ValueError(f"seq_rows must run from 0 to T = {T}, got {rp[0]} .. {rp[nseq]}")
+    for s in range(nseq):
+        if rp[s + 1] < rp[s]:
+            raise ValueError(f"seq_rows must not decrease (sequence {s}: {rp[s]} .. {rp[s + 1]})")
+        if lp[3 * s] < 0 or lp[3 * s + 1] < 0 or lp[3 * s + 2] < 0 or (lp[3 * s + 2] and lp[3 * s + 2] < lp[3 * s + 1]):
+            raise ValueError(f"seq_lists[{s}] = ({lp[3 * s]}, {lp[3 * s + 1]}, {lp[3 * s + 2]}): list0 and nsel must be >= 0 and "
+                             f"stride 0 or at least nsel")
+        last = lp[3 * s] + (n_kv - 1) * lp[3 * s + 2] + lp[3 * s + 1]
+        if lp[3 * s + 1] and last > entries:
+            raise ValueError(f"seq_lists[{s}] reaches list entry {last - 1}, the table has {entries}")
+    cdef const int32_t *tp = <const int32_t *>_data(table)
+    cdef const int32_t *bp = <const int32_t *>_data(blockpos)
+    cdef const int32_t *cp = <const int32_t *>_data(count)
+    _check_tables(tp, bp, cp, entries, nblk, bs)
+    out = _out_like(out, q)
+    if T == 0 or Hq == 0:
+        return out
+    cdef const float *qp = <const float *>_data(q)
+    cdef const void *kp = _data(k)
+    cdef const void *vp = _data(v)
+    cdef const float *ksp = NULL
+    cdef const float *vsp = NULL
+    if c_kind != KV_F32:
+        ksp = <const float *>_data(ks)
+        vsp = <const float *>_data(vs)
+    cdef const int32_t *qpp = <const int32_t *>_data(qpos)
+    cdef float *op = <float *>_data(out)
+    cdef int64_t c_nseq = nseq, c_nkv = n_kv, c_group = Hq // n_kv, c_hd = hd, c_bs = bs
+    with nogil:
+        if simd:
+            attention_batch_simd(c_kind, qp, c_nseq, rp, lp, c_nkv, c_group, c_hd, kp, ksp, vp, vsp, c_bs,
+                                 tp, bp, cp, qpp, scale, op, nt)
+        else:
+            attention_batch_portable(c_kind, qp, c_nseq, rp, lp, c_nkv, c_group, c_hd, kp, ksp, vp, vsp, c_bs,
+                                     tp, bp, cp, qpp, scale, op, nt)
+    return out
+
+
 cdef int _probe_kind(str kind) except -1:
-    if kind == "q8":
-        return KV_Q8
-    if kind == "q4":
-        return KV_Q4
-    if kind == "f32":
-        return KV_F32
-    raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
+    return _KINDS[kind]
 
 
 cdef object _check_probe_args(int c_kind, object q, object k, object ks, object table, object count):

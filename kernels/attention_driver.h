@@ -16,6 +16,11 @@
  */
 
 #define ATTN_QTILE 4   /* queries per work unit */
+#define ATTN_MAX_GROUP 64   /* query heads per kv head (Qwen3: 2 to 8) */
+/* Listed blocks one unit scans: a longer list (decode past 1024 positions at blocks of 32) is
+ * cut into parts that threads scan side by side, merged in part order. The cut depends on the list
+ * alone, never on the threads or the other queries, so decode and prefill agree bit for bit. */
+#define ATTN_SPLIT_BLOCKS 32
 
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
@@ -96,195 +101,338 @@ static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64
     return base;
 }
 
-static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
-                                     int64_t hd, const void *k, const float *ks, const void *v,
-                                     const float *vs, int64_t bs, const int32_t *table,
-                                     const int32_t *blockpos, const int32_t *count, int64_t nsel,
-                                     int64_t table_stride, const int32_t *qpos, float scale,
-                                     float *out, float *importance, int64_t n_positions, int nthreads)
+/* One sequence of a call, as the driver cuts it into units: a unit is a tile of up to ATTN_QTILE
+ * of its queries x one kv head x one part of that head's block list (ATTN_SPLIT_BLOCKS listed
+ * blocks; long lists are scanned in parts by several threads and the parts merged). */
+struct attn_seq {
+    int64_t row0, T;              /* its queries: rows row0 .. row0+T-1 of q, out and qpos */
+    int64_t list0, nsel, stride;  /* kv head h lists entries list0 + h*stride + 0 .. nsel-1 */
+    int64_t qtile, ntiles, nsplits;
+    int64_t unit0, group0;        /* its first unit; its first (tile, head) pair */
+    int64_t part0;                /* its first float of the parts buffer */
+};
+
+struct attn_job {
+    int kind;
+    const float *q;
+    int64_t n_kv, group, hd, bs, ld, R, nsel_max;
+    const void *k, *v;
+    const float *ks, *vs;
+    const int32_t *table, *blockpos, *count, *qpos;
+    float scale;
+    float *out;
+    const struct attn_seq *seqs;
+    int64_t nseq;
+    float *parts;                 /* per (tile, head) pair with parts: nsplits x R x (hd + 2) floats */
+    uint32_t *parts_left;         /* per (tile, head) pair: parts not yet scanned */
+    float *importance, *contrib;  /* importance: one sequence, one part; contrib per unit of the wave */
+    int64_t wave0;
+    int keep;
+    unsigned char *base[POOL_MAX_THREADS];
+    struct attn_buffers buf[POOL_MAX_THREADS];
+};
+
+/* Merge the parts of one (tile, head) pair into its output rows, in part order (the same on
+ * every run): running max, rescaled sums and accumulators, as one scan would have combined them. */
+static void ATTN_NAME(merge_parts)(const float *parts, int64_t nsplits, int64_t rows, int64_t R, int64_t hd,
+                                   float *const orow[])
 {
-    const int64_t nb = hd / QK;
-    const int64_t Hq = n_kv * group;
-    /* Work unit: a tile of up to ATTN_QTILE consecutive queries x one kv head. Its
-     * rows = qt * group query heads share every K and V row read: prefill reads the cache
-     * once per tile instead of once per query. A row's arithmetic does not depend on the
-     * tile (rows past a query's visible end get weight exactly 0), so results equal a
-     * query-by-query scan bit for bit. */
-    const int64_t qtile = T < ATTN_QTILE ? T : ATTN_QTILE;
-    const int64_t ntiles = (T + qtile - 1) / qtile;
-    const int64_t R = qtile * group;           /* query rows per unit, at most */
-    const int64_t nunits = ntiles * n_kv;
-    if (nunits <= 0)
+    const int64_t stride = R * (hd + 2);
+    for (int64_t r = 0; r < rows; r++) {
+        float m = -INFINITY;
+        for (int64_t p = 0; p < nsplits; p++) {
+            const float pm = parts[p * stride + R * hd + r];
+            m = pm > m ? pm : m;
+        }
+        float *o = orow[r];
+        memset(o, 0, (size_t)hd * sizeof(float));
+        if (m == -INFINITY)
+            continue;                 /* saw no row: zeros */
+        float l = 0.0f;
+        for (int64_t p = 0; p < nsplits; p++) {
+            const float *part = parts + p * stride;
+            const float pm = part[R * hd + r];
+            if (pm == -INFINITY)
+                continue;
+            const float f = expf(pm - m);
+            l += part[R * hd + R + r] * f;
+            const float *a = part + r * hd;
+            for (int64_t d = 0; d < hd; d++)
+                o[d] += a[d] * f;
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t d = 0; d < hd; d++)
+            o[d] *= inv;
+    }
+}
+
+static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
+{
+    struct attn_job *j = ctx;
+    const int64_t unit = j->wave0 + chunk;
+    int64_t lo = 0, hi = j->nseq - 1;   /* the sequence holding the unit */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (j->seqs[mid].unit0 <= unit)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const struct attn_seq *sq = &j->seqs[lo];
+    const int64_t kind = j->kind, n_kv = j->n_kv, group = j->group, hd = j->hd, bs = j->bs, ld = j->ld;
+    const int64_t Hq = n_kv * group, nb = hd / QK;
+    const int64_t local = unit - sq->unit0;
+    const int64_t h = local / (sq->ntiles * sq->nsplits);
+    const int64_t tile = local / sq->nsplits % sq->ntiles, part = local % sq->nsplits;
+    /* Latest queries, which see the most rows, first: the pool's counter then ends on short units. */
+    const int64_t t1 = sq->T - tile * sq->qtile;
+    const int64_t t0 = t1 - sq->qtile > 0 ? t1 - sq->qtile : 0;
+    const int64_t qt = t1 - t0;
+    const int64_t rows = qt * group;   /* row r: query t0 + r / group, head h*group + r % group */
+    const int64_t i0 = part * ATTN_SPLIT_BLOCKS;
+    const int64_t i1 = i0 + ATTN_SPLIT_BLOCKS < sq->nsel ? i0 + ATTN_SPLIT_BLOCKS : sq->nsel;
+    const int64_t list = sq->list0 + h * sq->stride;
+    const int32_t *qpos = j->qpos + sq->row0;
+    float *orow[ATTN_QTILE * ATTN_MAX_GROUP];
+    for (int64_t r = 0; r < rows; r++)
+        orow[r] = j->out + ((sq->row0 + t0 + r / group) * Hq + h * group + r % group) * hd;
+
+    if (j->base[participant] == NULL)
+        j->base[participant] = ATTN_NAME(attention_scratch)(&j->buf[participant], j->R, hd, ld, bs, j->nsel_max,
+                                                            j->keep);
+    const struct attn_buffers *b = &j->buf[participant];
+    if (j->base[participant] == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t d = 0; d < hd; d++)
+                orow[r][d] = NAN;
+        if (j->contrib != NULL)
+            for (int64_t i = 0; i < sq->nsel * bs; i++)
+                j->contrib[chunk * sq->nsel * bs + i] = NAN;
         return;
+    }
+    float *const qf = b->qf, *const qd = b->qd, *const acc = b->acc, *const s = b->s;
+    float *const mx = b->mx, *const sum = b->sum, *const wkeep = b->wkeep, *const shift = b->shift;
+    int8_t *const qq = b->qq, *const work = b->work;
+    const int64_t per_unit = sq->nsel * bs;
+
+    for (int64_t tt = 0; tt < qt; tt++)
+        memcpy(qf + tt * group * hd, j->q + ((sq->row0 + t0 + tt) * Hq + h * group) * hd,
+               (size_t)(group * hd) * sizeof(float));
+    if (kind != KV_F32)
+        attn_quantize_q(qf, rows, hd, qq, qd);
+    for (int64_t r = 0; r < rows; r++) {
+        mx[r] = -INFINITY;
+        sum[r] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(rows * hd) * sizeof(float));
+    if (j->contrib != NULL)
+        for (int64_t r = 0; r < rows * sq->nsel; r++)
+            shift[r] = -INFINITY;   /* block never scored for this row: weight 0 */
+
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t idx = list + i;
+        const int64_t p0 = (int64_t)j->blockpos[idx] * bs;
+        int64_t vis[ATTN_QTILE];   /* rows of this block visible to each query */
+        int64_t n = 0;             /* ... to any of them */
+        for (int64_t tt = 0; tt < qt; tt++) {
+            int64_t c = j->count[idx];
+            const int64_t upto = (int64_t)qpos[t0 + tt] - p0 + 1;
+            if (upto < c)
+                c = upto;
+            vis[tt] = c > 0 ? c : 0;
+            n = vis[tt] > n ? vis[tt] : n;
+        }
+        if (n <= 0)
+            continue;
+        const int64_t row0 = ((int64_t)j->table[idx] * n_kv + h) * bs;  /* first row of the slab */
+        /* K of the next listed block now, its V after this block's scores. (Prefetching 2, 4
+         * or 8 blocks ahead, or into L2 only, measured the same at 4K context, cold: the
+         * scan is not waiting on the next slab's first lines.) */
+        const int64_t next0 = i + 1 < i1 ? ((int64_t)j->table[idx + 1] * n_kv + h) * bs : -1;
+        if (next0 >= 0)
+            prefetch_rows(kind, j->k, j->ks, next0, bs, hd);
+
+        if (kind == KV_Q8)
+            attn_scores_q8(qq, qd, rows, hd, (const int8_t *)j->k + row0 * hd, j->ks + row0, n, j->scale, s, ld);
+        else if (kind == KV_Q4)
+            attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)j->k + row0 * hd / 2, j->ks + row0 * nb, n,
+                           j->scale, s, ld, work);
+        else
+            attn_scores_f32(qf, rows, hd, (const float *)j->k + row0 * hd, n, j->scale, s, ld);
+
+        for (int64_t r = 0; r < rows; r++) {
+            float *sr = s + r * ld;
+            const int64_t nr = vis[r / group];
+            if (nr > 0) {
+                const float bmax = attn_max(sr, nr);
+                if (bmax > mx[r]) {
+                    if (mx[r] > -INFINITY) {   /* nothing accumulated yet otherwise */
+                        const float f = expf(mx[r] - bmax);
+                        sum[r] *= f;
+                        attn_scale(acc + r * hd, hd, f);
+                    }
+                    mx[r] = bmax;
+                }
+                sum[r] += attn_exp_shift(sr, nr, mx[r]);
+            }
+            for (int64_t jj = nr; jj < n; jj++)   /* causally hidden from this query */
+                sr[jj] = 0.0f;
+            if (j->contrib != NULL && nr > 0) {
+                memcpy(wkeep + r * per_unit + i * bs, sr, (size_t)n * sizeof(float));
+                shift[r * sq->nsel + i] = mx[r];
+            }
+        }
+
+        if (next0 >= 0)
+            prefetch_rows(kind, j->v, j->vs, next0, bs, hd);
+        if (kind == KV_Q8)
+            attn_accum_q8((const int8_t *)j->v + row0 * hd, j->vs + row0, n, rows, hd, s, ld, acc);
+        else if (kind == KV_Q4)
+            attn_accum_q4((const uint8_t *)j->v + row0 * hd / 2, j->vs + row0 * nb, n, rows, hd, s, ld, acc);
+        else
+            attn_accum_f32((const float *)j->v + row0 * hd, n, rows, hd, s, ld, acc);
+    }
+
+    if (sq->nsplits == 1) {
+        /* A query that sees no row gets zeros, not 0/0. */
+        for (int64_t r = 0; r < rows; r++) {
+            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                orow[r][d] = acc[r * hd + d] * inv;
+        }
+        if (j->contrib != NULL)
+            ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, sq->nsel, bs, list, j->blockpos,
+                                       j->count, qpos + t0, group, per_unit, j->contrib + chunk * per_unit);
+        return;
+    }
+    /* One part of several: keep it; the thread that scans the pair's last part merges them all. */
+    const int64_t pair = sq->group0 + h * sq->ntiles + tile;
+    const int64_t R = j->R;
+    float *mine = j->parts + sq->part0 + ((h * sq->ntiles + tile) * sq->nsplits + part) * R * (hd + 2);
+    memcpy(mine, acc, (size_t)(rows * hd) * sizeof(float));
+    memcpy(mine + R * hd, mx, (size_t)rows * sizeof(float));
+    memcpy(mine + R * hd + R, sum, (size_t)rows * sizeof(float));
+    if (__atomic_sub_fetch(&j->parts_left[pair], 1, __ATOMIC_ACQ_REL) == 0)
+        ATTN_NAME(merge_parts)(mine - part * R * (hd + 2), sq->nsplits, rows, R, hd, orow);
+}
+
+/* The driver for several sequences at once (attention_batch) and for one (the others). */
+static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                                     const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                                     const void *k, const float *ks, const void *v, const float *vs,
+                                     int64_t bs, const int32_t *table, const int32_t *blockpos,
+                                     const int32_t *count, const int32_t *qpos, float scale, float *out,
+                                     float *importance, int64_t n_positions, int nthreads)
+{
+    if (nseq <= 0 || group > ATTN_MAX_GROUP)
+        return;
+    struct attn_seq one;
+    struct attn_seq *seqs = nseq == 1 ? &one : malloc((size_t)nseq * sizeof *seqs);
+    if (seqs == NULL) {   /* out of memory: NaN where the results go */
+        for (int64_t i = 0; i < seq_rows[nseq] * n_kv * group * hd; i++)
+            out[i] = NAN;
+        return;
+    }
+    const int keep = importance != NULL && nseq == 1;
+    int64_t nunits = 0, npairs = 0, nparts_floats = 0, scanned = 0, Tmax = 0, nsel_max = 0;
+    for (int64_t si = 0; si < nseq; si++) {
+        struct attn_seq *sq = &seqs[si];
+        sq->row0 = seq_rows[si];
+        sq->T = seq_rows[si + 1] - seq_rows[si];
+        sq->list0 = seq_lists[3 * si];
+        sq->nsel = seq_lists[3 * si + 1];
+        sq->stride = seq_lists[3 * si + 2];
+        sq->qtile = sq->T < ATTN_QTILE ? sq->T : ATTN_QTILE;
+        sq->ntiles = sq->T > 0 ? (sq->T + sq->qtile - 1) / sq->qtile : 0;
+        sq->nsplits = keep || sq->nsel <= ATTN_SPLIT_BLOCKS ? 1 : (sq->nsel + ATTN_SPLIT_BLOCKS - 1) / ATTN_SPLIT_BLOCKS;
+        if (sq->nsel <= 0)
+            sq->ntiles = 0;   /* nothing listed: zeros (below), no units */
+        sq->unit0 = nunits;
+        sq->group0 = npairs;
+        nunits += sq->ntiles * n_kv * sq->nsplits;
+        npairs += sq->ntiles * n_kv;
+        Tmax = sq->T > Tmax ? sq->T : Tmax;
+        nsel_max = sq->nsel > nsel_max ? sq->nsel : nsel_max;
+        scanned += sq->T * n_kv * sq->nsel * bs;
+    }
+    const int64_t R = (Tmax < ATTN_QTILE ? Tmax : ATTN_QTILE) * group;
+    for (int64_t si = 0; si < nseq; si++) {
+        seqs[si].part0 = nparts_floats;
+        if (seqs[si].nsplits > 1)
+            nparts_floats += seqs[si].ntiles * n_kv * seqs[si].nsplits * R * (hd + 2);
+        if (seqs[si].ntiles == 0)
+            memset(out + seqs[si].row0 * n_kv * group * hd, 0, (size_t)(seqs[si].T * n_kv * group * hd) * sizeof(float));
+    }
     int nt = kernels_threads(nthreads);
-    if (nt > nunits)
-        nt = (int)nunits;
-    /* Short scans (a few thousand rows in all) finish before a sleeping team wakes up. */
-    if (T * n_kv * nsel * bs < ATTN_PARALLEL_MIN_ROWS)
+    /* Short scans (a few thousand rows in all) finish before a sleeping worker wakes up. */
+    if (scanned < ATTN_PARALLEL_MIN_ROWS)
         nt = 1;
 
-    /* Row geometry of one (block, kv head) slab of the cache: bs rows. */
-    const int64_t row_elems = hd;                               /* elements per K/V row */
-    const int64_t scales_per_row = kind == KV_Q4 ? nb : 1;      /* q8: per row, q4: per 32-block */
-    const int64_t ld = (bs + 15) & ~(int64_t)15;
-    const int64_t per_unit = nsel * bs;
-    const int keep = importance != NULL;   /* fixed here: importance is dropped if contrib fails */
-    /* Units per wave: their contrib slices take at most 8 MB, whatever the thread count. */
-    int64_t wave = nunits;
-    float *contrib = NULL;
-    if (importance != NULL) {
-        const int64_t cap = ((int64_t)1 << 21) / (per_unit > 0 ? per_unit : 1);
-        wave = cap < 1 ? 1 : cap < nunits ? cap : nunits;
-        contrib = malloc((size_t)(wave * per_unit) * sizeof(float));
-        if (contrib == NULL) {   /* out of memory: NaN importance, still the right output */
+    struct attn_job *j = calloc(1, sizeof *j);
+    float *parts = nparts_floats ? malloc((size_t)nparts_floats * sizeof(float)) : NULL;
+    uint32_t *parts_left = nparts_floats ? malloc((size_t)npairs * sizeof(uint32_t)) : NULL;
+    if (j == NULL || (nparts_floats && (parts == NULL || parts_left == NULL))) {
+        for (int64_t i = 0; i < seq_rows[nseq] * n_kv * group * hd; i++)
+            out[i] = NAN;
+        if (importance != NULL)
             for (int64_t i = 0; i < n_positions; i++)
                 importance[i] = NAN;
-            importance = NULL;
-            wave = nunits;
-        }
+        goto done;
     }
-
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        kernels_note_threads(KERNEL_ATTENTION);
-        struct attn_buffers buf;
-        unsigned char *base = ATTN_NAME(attention_scratch)(&buf, R, hd, ld, bs, nsel, keep);
-        float *const qf = buf.qf, *const qd = buf.qd, *const acc = buf.acc, *const s = buf.s;
-        float *const mx = buf.mx, *const sum = buf.sum, *const wkeep = buf.wkeep, *const shift = buf.shift;
-        int8_t *const qq = buf.qq, *const work = buf.work;
-
-        /* Kv head major: consecutive units (on every thread) scan the same head's rows. Within
-         * a head the latest queries, which see the most rows, go first, so the dynamic
-         * schedule ends on short units. */
-        for (int64_t w0 = 0; w0 < nunits; w0 += wave) {   /* one wave unless importance is kept */
-        const int64_t w1 = w0 + wave < nunits ? w0 + wave : nunits;
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t unit = w0; unit < w1; unit++) {
-            const int64_t h = unit / ntiles;
-            const int64_t t1 = T - (unit % ntiles) * qtile;          /* queries [t0, t1) */
-            const int64_t t0 = t1 - qtile > 0 ? t1 - qtile : 0;
-            const int64_t qt = t1 - t0;
-            const int64_t rows = qt * group;   /* row r: query t0 + r / group, head h*group + r % group */
-            if (base == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
-                for (int64_t tt = 0; tt < qt; tt++)
-                    for (int64_t i = 0; i < group * hd; i++)
-                        out[((t0 + tt) * Hq + h * group) * hd + i] = NAN;
-                if (importance != NULL)
-                    for (int64_t i = 0; i < per_unit; i++)
-                        contrib[(unit - w0) * per_unit + i] = NAN;
-                continue;
-            }
-            for (int64_t tt = 0; tt < qt; tt++)
-                memcpy(qf + tt * group * hd, q + ((t0 + tt) * Hq + h * group) * hd,
-                       (size_t)(group * hd) * sizeof(float));
-            if (kind != KV_F32)
-                attn_quantize_q(qf, rows, hd, qq, qd);
-            for (int64_t r = 0; r < rows; r++) {
-                mx[r] = -INFINITY;
-                sum[r] = 0.0f;
-            }
-            memset(acc, 0, (size_t)(rows * hd) * sizeof(float));
-            if (importance != NULL)
-                for (int64_t r = 0; r < rows * nsel; r++)
-                    shift[r] = -INFINITY;   /* block never scored for this row: weight 0 */
-
-            for (int64_t i = 0; i < nsel; i++) {
-                const int64_t idx = h * table_stride + i;
-                const int64_t p0 = (int64_t)blockpos[idx] * bs;
-                int64_t vis[ATTN_QTILE];   /* rows of this block visible to each query */
-                int64_t n = 0;             /* ... to any of them */
-                for (int64_t tt = 0; tt < qt; tt++) {
-                    int64_t c = count[idx];
-                    const int64_t upto = (int64_t)qpos[t0 + tt] - p0 + 1;
-                    if (upto < c)
-                        c = upto;
-                    vis[tt] = c > 0 ? c : 0;
-                    n = vis[tt] > n ? vis[tt] : n;
-                }
-                if (n <= 0)
-                    continue;
-                const int64_t row0 = ((int64_t)table[idx] * n_kv + h) * bs;  /* first row of the slab */
-                /* K of the next listed block now, its V after this block's scores. (Prefetching 2, 4
-                 * or 8 blocks ahead, or into L2 only, measured the same at 4K context, cold: the
-                 * scan is not waiting on the next slab's first lines.) */
-                const int64_t next0 = i + 1 < nsel ? ((int64_t)table[idx + 1] * n_kv + h) * bs : -1;
-                if (next0 >= 0)
-                    prefetch_rows(kind, k, ks, next0, bs, hd);
-
-                if (kind == KV_Q8)
-                    attn_scores_q8(qq, qd, rows, hd, (const int8_t *)k + row0 * row_elems,
-                                   ks + row0, n, scale, s, ld);
-                else if (kind == KV_Q4)
-                    attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)k + row0 * row_elems / 2,
-                                   ks + row0 * scales_per_row, n, scale, s, ld, work);
-                else
-                    attn_scores_f32(qf, rows, hd, (const float *)k + row0 * row_elems, n, scale, s, ld);
-
-                for (int64_t r = 0; r < rows; r++) {
-                    float *sr = s + r * ld;
-                    const int64_t nr = vis[r / group];
-                    if (nr > 0) {
-                        const float bmax = attn_max(sr, nr);
-                        if (bmax > mx[r]) {
-                            if (mx[r] > -INFINITY) {   /* nothing accumulated yet otherwise */
-                                const float f = expf(mx[r] - bmax);
-                                sum[r] *= f;
-                                attn_scale(acc + r * hd, hd, f);
-                            }
-                            mx[r] = bmax;
-                        }
-                        sum[r] += attn_exp_shift(sr, nr, mx[r]);
-                    }
-                    for (int64_t j = nr; j < n; j++)   /* causally hidden from this query */
-                        sr[j] = 0.0f;
-                    if (importance != NULL && nr > 0) {
-                        memcpy(wkeep + r * per_unit + i * bs, sr, (size_t)n * sizeof(float));
-                        shift[r * nsel + i] = mx[r];
-                    }
-                }
-
-                if (next0 >= 0)
-                    prefetch_rows(kind, v, vs, next0, bs, hd);
-                if (kind == KV_Q8)
-                    attn_accum_q8((const int8_t *)v + row0 * row_elems, vs + row0, n, rows, hd, s, ld, acc);
-                else if (kind == KV_Q4)
-                    attn_accum_q4((const uint8_t *)v + row0 * row_elems / 2, vs + row0 * scales_per_row,
-                                  n, rows, hd, s, ld, acc);
-                else
-                    attn_accum_f32((const float *)v + row0 * row_elems, n, rows, hd, s, ld, acc);
-            }
-
-            /* A query that sees no row gets zeros, not 0/0. */
-            for (int64_t r = 0; r < rows; r++) {
-                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-                float *o = out + ((t0 + r / group) * Hq + h * group + r % group) * hd;
-                for (int64_t d = 0; d < hd; d++)
-                    o[d] = acc[r * hd + d] * inv;
-            }
-            if (importance != NULL)
-                ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, nsel, bs, h * table_stride,
-                                           blockpos, count, qpos + t0, group, per_unit,
-                                           contrib + (unit - w0) * per_unit);
+    for (int64_t si = 0; si < nseq && parts_left != NULL; si++)
+        for (int64_t p = 0; p < seqs[si].ntiles * n_kv; p++)
+            parts_left[seqs[si].group0 + p] = (uint32_t)seqs[si].nsplits;
+    *j = (struct attn_job){.kind = kind, .q = q, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
+                           .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k, .v = v,
+                           .ks = ks, .vs = vs, .table = table, .blockpos = blockpos, .count = count,
+                           .qpos = qpos, .scale = scale, .out = out, .seqs = seqs, .nseq = nseq,
+                           .parts = parts, .parts_left = parts_left, .keep = keep};
+    if (!keep) {
+        pool_run(KERNEL_ATTENTION, nt, nunits, ATTN_NAME(attention_unit), j);
+    } else {
+        /* Units per wave: their contrib slices take at most 8 MB, whatever the thread count. */
+        const int64_t per_unit = seqs[0].nsel * bs;
+        const int64_t cap = ((int64_t)1 << 21) / (per_unit > 0 ? per_unit : 1);
+        const int64_t wave = cap < 1 ? 1 : cap < nunits ? cap : nunits;
+        j->contrib = malloc((size_t)(wave * per_unit) * sizeof(float));
+        if (j->contrib == NULL) {   /* out of memory: NaN importance, still the right output */
+            for (int64_t i = 0; i < n_positions; i++)
+                importance[i] = NAN;
+            j->keep = 0;
+            pool_run(KERNEL_ATTENTION, nt, nunits, ATTN_NAME(attention_unit), j);
         }
-        if (importance != NULL) {
-            /* The implicit barrier above ends the wave; one thread adds its slices in unit order. */
-            #pragma omp single
+        for (int64_t w0 = 0; j->contrib != NULL && w0 < nunits; w0 += wave) {
+            const int64_t w1 = w0 + wave < nunits ? w0 + wave : nunits;
+            j->wave0 = w0;
+            pool_run(KERNEL_ATTENTION, nt, w1 - w0, ATTN_NAME(attention_unit), j);
+            /* The wave's slices, added in unit order: the sums do not depend on the threads. */
+            const struct attn_seq *sq = &seqs[0];
             for (int64_t unit = w0; unit < w1; unit++) {
-                const float *c = contrib + (unit - w0) * per_unit;
-                const int64_t h = unit / ntiles;
-                for (int64_t i = 0; i < nsel; i++) {
-                    const int64_t idx = h * table_stride + i;
+                const float *c = j->contrib + (unit - w0) * per_unit;
+                const int64_t h = unit / sq->ntiles;
+                for (int64_t i = 0; i < sq->nsel; i++) {
+                    const int64_t idx = sq->list0 + h * sq->stride + i;
                     const int64_t p0 = (int64_t)blockpos[idx] * bs;
-                    for (int64_t j = 0; j < count[idx] && p0 + j < n_positions; j++)
-                        importance[p0 + j] += c[i * bs + j];
+                    for (int64_t jj = 0; jj < count[idx] && p0 + jj < n_positions; jj++)
+                        importance[p0 + jj] += c[i * bs + jj];
                 }
             }
         }
-        }   /* waves */
-        free(base);
+        free(j->contrib);
     }
-    free(contrib);
+    for (int p = 0; p < POOL_MAX_THREADS; p++)
+        free(j->base[p]);
+done:
+    free(j);
+    free(parts);
+    free(parts_left);
+    if (seqs != &one)
+        free(seqs);
 }
+
+/* The entry points of one sequence: seq_rows {0, T}, its list (shared, or per kv head). */
+#define ATTN_ONE(T, nsel, table_stride) \
+    const int64_t seq_rows[2] = {0, T}, seq_lists[3] = {0, nsel, table_stride}
 
 void ATTN_NAME(attention_q8)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
                              const int8_t *k, const float *ks, const int8_t *v, const float *vs,
@@ -292,8 +440,9 @@ void ATTN_NAME(attention_q8)(const float *q, int64_t T, int64_t n_kv, int64_t gr
                              const int32_t *count, int64_t nsel, int64_t table_stride,
                              const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    ATTN_NAME(attention_run)(KV_Q8, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
-                             count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
+    ATTN_ONE(T, nsel, table_stride);
+    ATTN_NAME(attention_run)(KV_Q8, q, 1, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                             blockpos, count, qpos, scale, out, NULL, 0, nthreads);
 }
 
 void ATTN_NAME(attention_q4)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
@@ -302,8 +451,9 @@ void ATTN_NAME(attention_q4)(const float *q, int64_t T, int64_t n_kv, int64_t gr
                              const int32_t *count, int64_t nsel, int64_t table_stride,
                              const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    ATTN_NAME(attention_run)(KV_Q4, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos,
-                             count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
+    ATTN_ONE(T, nsel, table_stride);
+    ATTN_NAME(attention_run)(KV_Q4, q, 1, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                             blockpos, count, qpos, scale, out, NULL, 0, nthreads);
 }
 
 void ATTN_NAME(attention_f32)(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
@@ -312,8 +462,9 @@ void ATTN_NAME(attention_f32)(const float *q, int64_t T, int64_t n_kv, int64_t g
                               const int32_t *count, int64_t nsel, int64_t table_stride,
                               const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    ATTN_NAME(attention_run)(KV_F32, q, T, n_kv, group, hd, k, NULL, v, NULL, bs, table,
-                             blockpos, count, nsel, table_stride, qpos, scale, out, NULL, 0, nthreads);
+    ATTN_ONE(T, nsel, table_stride);
+    ATTN_NAME(attention_run)(KV_F32, q, 1, seq_rows, seq_lists, n_kv, group, hd, k, NULL, v, NULL, bs,
+                             table, blockpos, count, qpos, scale, out, NULL, 0, nthreads);
 }
 
 void ATTN_NAME(attention_importance)(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
@@ -323,7 +474,17 @@ void ATTN_NAME(attention_importance)(int kind, const float *q, int64_t T, int64_
                                      int64_t table_stride, const int32_t *qpos, float scale,
                                      float *out, float *importance, int64_t n_positions, int nthreads)
 {
-    ATTN_NAME(attention_run)(kind, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count,
-                             nsel, table_stride, qpos, scale, out, importance, n_positions, nthreads);
+    ATTN_ONE(T, nsel, table_stride);
+    ATTN_NAME(attention_run)(kind, q, 1, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                             blockpos, count, qpos, scale, out, importance, n_positions, nthreads);
 }
 
+void ATTN_NAME(attention_batch)(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                                const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                                const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                                const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                                const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    ATTN_NAME(attention_run)(kind, q, nseq, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                             blockpos, count, qpos, scale, out, NULL, 0, nthreads);
+}

@@ -99,60 +99,99 @@ static void ATTN_NAME(probe_rows)(int kind, const int8_t *qq, const float *qd, c
         attn_scores_f32(qf, rows, hd, (const float *)k + row0 * hd, m, scale, s, ld);
 }
 
+/* A probe's job: its arguments, and each participant's scratch (made on its first head). */
+struct probe_job {
+    int kind;
+    const float *q;
+    int64_t R, n_kv, group, hd, bs, pbs, rows, ld, lds, nblocks, probe, ncand;
+    const void *k, *pk;
+    const float *ks, *pks, *bks;
+    const int8_t *bk;
+    const int32_t *table, *count;
+    float scale;
+    float *scores;
+    int bound;
+    unsigned char *base[POOL_MAX_THREADS];
+    struct probe_buffers buf[POOL_MAX_THREADS];
+};
+
+/* This participant's scratch for the job (NULL members when out of memory). */
+static const struct probe_buffers *ATTN_NAME(probe_buffers_of)(struct probe_job *j, int participant)
+{
+    if (j->base[participant] == NULL)
+        j->base[participant] = ATTN_NAME(probe_scratch)(&j->buf[participant], j->rows, j->hd, j->lds, j->ld,
+                                                        j->nblocks, j->bound);
+    return &j->buf[participant];
+}
+
+static void ATTN_NAME(probe_free)(struct probe_job *j)
+{
+    for (int p = 0; p < POOL_MAX_THREADS; p++)
+        free(j->base[p]);
+}
+
+static void ATTN_NAME(probe_head_strided)(void *ctx, int64_t h, int participant)
+{
+    struct probe_job *j = ctx;
+    const struct probe_buffers *b = ATTN_NAME(probe_buffers_of)(j, participant);
+    float *const qf = b->qf, *const qd = b->qd, *const s = b->s;
+    int8_t *const qq = b->qq, *const work = b->work;
+    const int kind = j->kind;
+    const int64_t rows = j->rows, hd = j->hd, bs = j->bs, n_kv = j->n_kv, ld = j->ld, probe = j->probe;
+    if (!probe_head(j->q, j->R, n_kv, j->group, hd, h, qf, j->scores, j->nblocks))
+        return;
+    if (kind != KV_F32)
+        attn_quantize_q(qf, rows, hd, qq, qd);
+    for (int64_t i = 0; i < j->nblocks; i++) {
+        const int64_t n = j->count[i];
+        const int64_t step = n / probe > 1 ? n / probe : 1;
+        float best = -INFINITY;
+        if ((j->pk != NULL && n == bs) || step == 1) {
+            /* One contiguous run: the compact copy's pbs rows, or (step 1) the slab itself. */
+            const int compact = j->pk != NULL && n == bs;
+            const int64_t m = (n + step - 1) / step;     /* == pbs when compact */
+            ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, compact ? j->pk : j->k, compact ? j->pks : j->ks,
+                                  ((int64_t)j->table[i] * n_kv + h) * (compact ? j->pbs : bs), m, j->scale, s,
+                                  ld, work);
+            for (int64_t r = 0; r < rows; r++) {
+                const float v = attn_max(s + r * ld, m);
+                best = v > best ? v : best;
+            }
+        } else {
+            const int64_t row0 = ((int64_t)j->table[i] * n_kv + h) * bs;
+            for (int64_t jj = 0; jj < n; jj += step) {
+                ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, j->k, j->ks, row0 + jj, 1, j->scale, s, ld,
+                                      work);
+                for (int64_t r = 0; r < rows; r++)
+                    best = s[r * ld] > best ? s[r * ld] : best;
+            }
+        }
+        j->scores[h * j->nblocks + i] = best;
+    }
+}
+
 void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                                 int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                                 const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
                                 int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
 {
-    const int64_t rows = R * group;            /* query rows scored per kv head */
-    const int64_t ld = ((bs > pbs ? bs : pbs) + 15) & ~(int64_t)15;
+    struct probe_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        for (int64_t i = 0; i < n_kv * nblocks; i++)
+            scores[i] = NAN;
+        return;
+    }
     if (probe < 1)
         probe = 1;
-    const int nt = probe_threads(nthreads, n_kv, nblocks * n_kv * probe);
-
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        kernels_note_threads(KERNEL_PROBE);
-        struct probe_buffers buf;
-        unsigned char *base = ATTN_NAME(probe_scratch)(&buf, rows, hd, ld, ld, nblocks, 0);
-        float *const qf = buf.qf, *const qd = buf.qd, *const s = buf.s;
-        int8_t *const qq = buf.qq, *const work = buf.work;
-
-        #pragma omp for schedule(static)
-        for (int64_t h = 0; h < n_kv; h++) {
-            if (!probe_head(q, R, n_kv, group, hd, h, qf, scores, nblocks))
-                continue;
-            if (kind != KV_F32)
-                attn_quantize_q(qf, rows, hd, qq, qd);
-            for (int64_t i = 0; i < nblocks; i++) {
-                const int64_t n = count[i];
-                const int64_t step = n / probe > 1 ? n / probe : 1;
-                float best = -INFINITY;
-                if ((pk != NULL && n == bs) || step == 1) {
-                    /* One contiguous run: the compact copy's pbs rows, or (step 1) the slab itself. */
-                    const int compact = pk != NULL && n == bs;
-                    const int64_t m = (n + step - 1) / step;     /* == pbs when compact */
-                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, compact ? pk : k, compact ? pks : ks,
-                                          ((int64_t)table[i] * n_kv + h) * (compact ? pbs : bs), m, scale, s,
-                                          ld, work);
-                    for (int64_t r = 0; r < rows; r++) {
-                        const float b = attn_max(s + r * ld, m);
-                        best = b > best ? b : best;
-                    }
-                } else {
-                    const int64_t row0 = ((int64_t)table[i] * n_kv + h) * bs;
-                    for (int64_t j = 0; j < n; j += step) {
-                        ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, k, ks, row0 + j, 1, scale, s, ld,
-                                              work);
-                        for (int64_t r = 0; r < rows; r++)
-                            best = s[r * ld] > best ? s[r * ld] : best;
-                    }
-                }
-                scores[h * nblocks + i] = best;
-            }
-        }
-        free(base);
-    }
+    const int64_t ld = ((bs > pbs ? bs : pbs) + 15) & ~(int64_t)15;
+    *j = (struct probe_job){.kind = kind, .q = q, .R = R, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
+                            .pbs = pbs, .rows = R * group, .ld = ld, .lds = ld, .nblocks = nblocks,
+                            .probe = probe, .k = k, .pk = pk, .ks = ks, .pks = pks, .table = table,
+                            .count = count, .scale = scale, .scores = scores};
+    pool_run(KERNEL_PROBE, probe_threads(nthreads, n_kv, nblocks * n_kv * probe), n_kv,
+             ATTN_NAME(probe_head_strided), j);
+    ATTN_NAME(probe_free)(j);
+    free(j);
 }
 
 /* ---- the bound probe: a cheap upper bound picks candidates, an exact max scores them -------
@@ -162,91 +201,100 @@ void ATTN_NAME(attention_probe)(int kind, const float *q, int64_t R, int64_t n_k
  * is largest at M where q > 0 and at m where q < 0). Both parts are scored against the block's
  * two bound rows with the q8 score primitive; the ncand best bounds, and every block that is
  * not full (no bound yet), then get the exact max over all their rows. */
+static void ATTN_NAME(probe_head_bound)(void *ctx, int64_t h, int participant)
+{
+    struct probe_job *j = ctx;
+    const struct probe_buffers *b = ATTN_NAME(probe_buffers_of)(j, participant);
+    float *const qf = b->qf, *const qpf = b->qpf, *const qnf = b->qnf;
+    int8_t *const qq = b->qq, *const qqp = b->qqp, *const qqn = b->qqn;
+    float *const qd = b->qd, *const qdp = b->qdp, *const qdn = b->qdn;
+    float *const s = b->s, *const s2 = b->s2;
+    int8_t *const hi = b->hi, *const lo = b->lo;   /* gathered max and min rows of the full blocks */
+    float *const his = b->his, *const los = b->los, *const bound = b->bound, *const tmp = b->tmp;
+    int64_t *const full = b->full;
+    uint8_t *const mark = b->mark;
+    int8_t *const work = b->work;
+    const int kind = j->kind;
+    const int64_t rows = j->rows, hd = j->hd, bs = j->bs, n_kv = j->n_kv, ld = j->ld, nblocks = j->nblocks;
+    const int64_t ldb = (nblocks + 15) & ~(int64_t)15, ncand = j->ncand;
+    const int32_t *const table = j->table, *const count = j->count;
+    if (!probe_head(j->q, j->R, n_kv, j->group, hd, h, qf, j->scores, nblocks))
+        return;
+    for (int64_t i = 0; i < rows * hd; i++) {
+        qpf[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
+        qnf[i] = qf[i] < 0.0f ? qf[i] : 0.0f;
+    }
+    attn_quantize_q(qpf, rows, hd, qqp, qdp);
+    attn_quantize_q(qnf, rows, hd, qqn, qdn);
+    if (kind != KV_F32)
+        attn_quantize_q(qf, rows, hd, qq, qd);
+
+    /* Stage 1: the full blocks' bound rows side by side, scored in one call per part (a
+     * call per block cost more than the dots: 2 rows is too short a slab). */
+    int64_t nfull = 0;
+    for (int64_t i = 0; i < nblocks; i++) {
+        mark[i] = 0;
+        bound[i] = -INFINITY;
+        if (count[i] != bs)
+            continue;
+        const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
+        memcpy(hi + nfull * hd, j->bk + slab * hd, (size_t)hd);
+        memcpy(lo + nfull * hd, j->bk + (slab + 1) * hd, (size_t)hd);
+        his[nfull] = j->bks[slab];
+        los[nfull] = j->bks[slab + 1];
+        full[nfull++] = i;
+    }
+    if (nfull > 0) {
+        attn_scores_q8(qqp, qdp, rows, hd, hi, his, nfull, 1.0f, s, ldb);
+        attn_scores_q8(qqn, qdn, rows, hd, lo, los, nfull, 1.0f, s2, ldb);
+        for (int64_t f = 0; f < nfull; f++) {
+            float best = -INFINITY;
+            for (int64_t r = 0; r < rows; r++) {
+                const float v = s[r * ldb + f] + s2[r * ldb + f];   /* q+ . max + q- . min */
+                best = v > best ? v : best;
+            }
+            bound[full[f]] = best;
+        }
+        mark_best(bound, NULL, nblocks, ncand < nfull ? ncand : nfull, mark, tmp);
+    }
+
+    /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
+    for (int64_t i = 0; i < nblocks; i++) {
+        float best = -INFINITY;
+        const int64_t n = count[i];
+        if ((mark[i] || n != bs) && n > 0) {
+            ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, j->k, j->ks, ((int64_t)table[i] * n_kv + h) * bs,
+                                  n, j->scale, s, ld, work);
+            for (int64_t r = 0; r < rows; r++) {
+                const float v = attn_max(s + r * ld, n);
+                best = v > best ? v : best;
+            }
+        }
+        j->scores[h * nblocks + i] = best;
+    }
+}
+
 void ATTN_NAME(attention_probe_bound)(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                                       int64_t hd, const void *k, const float *ks, int64_t bs,
                                       const int8_t *bk, const float *bks, const int32_t *table,
                                       const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
                                       float *scores, int nthreads)
 {
-    const int64_t rows = R * group;            /* query rows scored per kv head */
+    struct probe_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        for (int64_t i = 0; i < n_kv * nblocks; i++)
+            scores[i] = NAN;
+        return;
+    }
     const int64_t ld = (bs + 15) & ~(int64_t)15;
     const int64_t ldb = (nblocks + 15) & ~(int64_t)15;
-    const int nt = probe_threads(nthreads, n_kv, nblocks * n_kv * 2 + ncand * n_kv * bs);
     /* Stage 1 scores a row of bounds per query row, stage 2 a slab: s holds the longer. */
-    const int64_t lds = ld > ldb ? ld : ldb;
-
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        kernels_note_threads(KERNEL_PROBE_BOUND);
-        struct probe_buffers buf;
-        unsigned char *base = ATTN_NAME(probe_scratch)(&buf, rows, hd, lds, ld, nblocks, 1);
-        float *const qf = buf.qf, *const qpf = buf.qpf, *const qnf = buf.qnf;
-        int8_t *const qq = buf.qq, *const qqp = buf.qqp, *const qqn = buf.qqn;
-        float *const qd = buf.qd, *const qdp = buf.qdp, *const qdn = buf.qdn;
-        float *const s = buf.s, *const s2 = buf.s2;
-        int8_t *const hi = buf.hi, *const lo = buf.lo;   /* gathered max and min rows of the full blocks */
-        float *const his = buf.his, *const los = buf.los, *const bound = buf.bound, *const tmp = buf.tmp;
-        int64_t *const full = buf.full;
-        uint8_t *const mark = buf.mark;
-        int8_t *const work = buf.work;
-
-        #pragma omp for schedule(static)
-        for (int64_t h = 0; h < n_kv; h++) {
-            if (!probe_head(q, R, n_kv, group, hd, h, qf, scores, nblocks))
-                continue;
-            for (int64_t i = 0; i < rows * hd; i++) {
-                qpf[i] = qf[i] > 0.0f ? qf[i] : 0.0f;
-                qnf[i] = qf[i] < 0.0f ? qf[i] : 0.0f;
-            }
-            attn_quantize_q(qpf, rows, hd, qqp, qdp);
-            attn_quantize_q(qnf, rows, hd, qqn, qdn);
-            if (kind != KV_F32)
-                attn_quantize_q(qf, rows, hd, qq, qd);
-
-            /* Stage 1: the full blocks' bound rows side by side, scored in one call per part (a
-             * call per block cost more than the dots: 2 rows is too short a slab). */
-            int64_t nfull = 0;
-            for (int64_t i = 0; i < nblocks; i++) {
-                mark[i] = 0;
-                bound[i] = -INFINITY;
-                if (count[i] != bs)
-                    continue;
-                const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
-                memcpy(hi + nfull * hd, bk + slab * hd, (size_t)hd);
-                memcpy(lo + nfull * hd, bk + (slab + 1) * hd, (size_t)hd);
-                his[nfull] = bks[slab];
-                los[nfull] = bks[slab + 1];
-                full[nfull++] = i;
-            }
-            if (nfull > 0) {
-                attn_scores_q8(qqp, qdp, rows, hd, hi, his, nfull, 1.0f, s, ldb);
-                attn_scores_q8(qqn, qdn, rows, hd, lo, los, nfull, 1.0f, s2, ldb);
-                for (int64_t f = 0; f < nfull; f++) {
-                    float best = -INFINITY;
-                    for (int64_t r = 0; r < rows; r++) {
-                        const float b = s[r * ldb + f] + s2[r * ldb + f];   /* q+ . max + q- . min */
-                        best = b > best ? b : best;
-                    }
-                    bound[full[f]] = best;
-                }
-                mark_best(bound, NULL, nblocks, ncand < nfull ? ncand : nfull, mark, tmp);
-            }
-
-            /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
-            for (int64_t i = 0; i < nblocks; i++) {
-                float best = -INFINITY;
-                const int64_t n = count[i];
-                if ((mark[i] || n != bs) && n > 0) {
-                    ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, k, ks, ((int64_t)table[i] * n_kv + h) * bs,
-                                          n, scale, s, ld, work);
-                    for (int64_t r = 0; r < rows; r++) {
-                        const float b = attn_max(s + r * ld, n);
-                        best = b > best ? b : best;
-                    }
-                }
-                scores[h * nblocks + i] = best;
-            }
-        }
-        free(base);
-    }
+    *j = (struct probe_job){.kind = kind, .q = q, .R = R, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
+                            .rows = R * group, .ld = ld, .lds = ld > ldb ? ld : ldb, .nblocks = nblocks,
+                            .ncand = ncand, .k = k, .ks = ks, .bk = bk, .bks = bks, .table = table,
+                            .count = count, .scale = scale, .scores = scores, .bound = 1};
+    pool_run(KERNEL_PROBE_BOUND, probe_threads(nthreads, n_kv, nblocks * n_kv * 2 + ncand * n_kv * bs), n_kv,
+             ATTN_NAME(probe_head_bound), j);
+    ATTN_NAME(probe_free)(j);
+    free(j);
 }

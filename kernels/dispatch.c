@@ -85,6 +85,16 @@ void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv
                                   nthreads);
 }
 
+void attention_batch_simd(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                          const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                          const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                          const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                          const int32_t *qpos, float scale, float *out, int nthreads)
+{
+    attention_batch_portable(kind, q, nseq, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                             blockpos, count, qpos, scale, out, nthreads);
+}
+
 void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                           int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                           const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
@@ -105,6 +115,24 @@ void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_k
 }
 
 #endif /* !KERNELS_HAVE_SIMD */
+
+#if !defined(KERNELS_AVX2) && !defined(KERNELS_NEON_DOTPROD)
+/* No packed GEMM route in this build: the row route is all there is. */
+const char *kernel_gemm_variant(void)
+{
+    return "rows";
+}
+
+const char *kernel_gemm_variants(void)
+{
+    return "rows";
+}
+
+int kernel_set_gemm_variant(const char *name)
+{
+    return strcmp(name, "rows") == 0 ? 0 : -1;
+}
+#endif
 
 int kernels_threads_ran[KERNEL_FAMILIES];
 
@@ -171,6 +199,7 @@ const char *kernel_cpu_features(void)
     FEATURE("f16c");
     FEATURE("avx512f");
     FEATURE("avx512bw");
+    FEATURE("avx512vl");
     FEATURE("avx512vnni");
 #  if defined(__GNUC__) && __GNUC__ >= 11
     FEATURE("avxvnni");

@@ -10,8 +10,17 @@
  *       prefetch_ahead > 0: also fetch the same blocks that many bytes past each weight row;
  * then includes this header once.
  *
- * Parallel over panels of weight rows, static chunks: each thread streams its own slice of
- * the weights from memory once. A panel (~GEMM_PANEL_BYTES of weights) stays in L2 while
+ * Prefill (M >= GEMM_PACK_MIN_ROWS) may take a second route, when the path also defines
+ * GEMM_PACKED with gemm_packed_variant() -> const struct gemm_packed_variant * (the micro-kernel
+ * this CPU runs, below): each chunk first copies its panel of weights into a packed layout
+ * (gemm_pack.h), then tiles of 4 activation rows x 8 weight rows run without any horizontal sum.
+ * Both routes do the same float operations per output, in the same order (exact int32 block dots,
+ * the scale wd * xd, one fused multiply-add per block), so they give the same bits: a prompt chunk
+ * of 512 rows computes each row as a decode step does.
+ *
+ * Parallel over chunks of weight rows (and of activation rows in prefill), taken one at a time
+ * from the kernels' pool (pool.h): a thread that loses its core leaves its share to the others.
+ * A panel (~GEMM_PANEL_BYTES of weights) stays in L2 while
  * every activation tile (MR rows, in L1) meets all its groups, so the activations are
  * re-read only once per panel: for a 512-row prefill that is the difference between
  * streaming the activations ~200 times per GEMM and ~12 times.
@@ -20,6 +29,17 @@
  */
 #include <math.h>
 #include <stdlib.h>
+
+#ifndef GEMM_CHUNK_MIN_BYTES
+#define GEMM_CHUNK_MIN_BYTES (32 * 1024)
+#endif
+#ifndef GEMM_CHUNK_ROWS
+#define GEMM_CHUNK_ROWS 64
+#endif
+
+#if defined(GEMM_PACKED)
+#include "gemm_pack.h"
+#endif
 
 /* Constant (is_q4, mr) per call so each tile is specialised and fully unrolled. */
 static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
@@ -66,19 +86,143 @@ static int32_t *gemm_xsum8(int is_q4, const int8_t *xq, int64_t M, int64_t nb, i
     return xsum8;
 }
 
+/* One job of the driver: the operands and how the output is cut into chunks, each a panel of
+ * `panel` weight groups times a run of `mrows` activation rows (all of them in decode). */
+struct gemm_job {
+    int is_q4;
+    const uint8_t *wq;
+    const uint16_t *wd;
+    int64_t N, K, M, nb, row_bytes, ngroups, panel, mrows, mchunks;
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xsum8;
+    float *y;
+#if defined(GEMM_PACKED)
+    const struct gemm_packed_variant *packed;   /* the packed route's micro-kernel, or NULL */
+    struct gemm_packed_operands pk;
+    int8_t *pbuf[POOL_MAX_THREADS];             /* each participant's packed panel */
+#endif
+};
+
+static void gemm_chunk(void *ctx, int64_t chunk, int participant)
+{
+    (void)participant;
+    const struct gemm_job *j = ctx;
+    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
+    const int64_t g_end = (p + 1) * j->panel < j->ngroups ? (p + 1) * j->panel : j->ngroups;
+    const int64_t m_end = (mc + 1) * j->mrows < j->M ? (mc + 1) * j->mrows : j->M;
+    const int64_t N = j->N, K = j->K, nb = j->nb, row_bytes = j->row_bytes;
+    for (int64_t m0 = mc * j->mrows; m0 < m_end; m0 += MR) {
+        const int mr = m_end - m0 < MR ? (int)(m_end - m0) : MR;
+        for (int64_t g = p * j->panel; g < g_end; g++) {
+            const int64_t n0 = g * NR;
+            const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
+            const uint8_t *wrow[NR];
+            const uint16_t *wdrow[NR];
+            for (int r = 0; r < NR; r++) {
+                /* Past the last row, repeat it: computed and thrown away, never out of bounds. */
+                const int64_t n = r < ncols ? n0 + r : N - 1;
+                wrow[r] = j->wq + n * row_bytes;
+                wdrow[r] = j->wd + n * nb;
+            }
+            /* Only the first pass over a group streams its rows from memory. */
+            const int64_t ahead = m0 == mc * j->mrows && g + 1 < g_end ? NR * row_bytes : 0;
+            gemm_tile_dispatch(j->is_q4, mr, wrow, wdrow, nb, j->xq + m0 * K, K, j->xd + m0 * nb,
+                               j->xsum8 != NULL ? j->xsum8 + m0 * nb : NULL, j->y + m0 * N + n0, N, ncols,
+                               ahead);
+        }
+    }
+}
+
+#if defined(GEMM_PACKED)
+/* One chunk of the packed route: pack the panel's strips into this participant's buffer, then run
+ * every 4-row tile of the chunk's rows against every strip. Out of memory: NaN in its outputs. */
+static void gemm_packed_chunk(void *ctx, int64_t chunk, int participant)
+{
+    struct gemm_job *j = ctx;
+    const int64_t N = j->N, K = j->K, M = j->M, nb = j->nb;
+    const int64_t strips = (N + GEMM_STRIP - 1) / GEMM_STRIP;
+    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
+    const int64_t s0 = p * j->panel, s1 = s0 + j->panel < strips ? s0 + j->panel : strips;
+    const int64_t m_begin = mc * j->mrows, m_end = m_begin + j->mrows < M ? m_begin + j->mrows : M;
+    const int64_t strip_bytes = nb * GEMM_STRIP_BLOCK_BYTES;
+    if (j->pbuf[participant] == NULL && posix_memalign((void **)&j->pbuf[participant], 64,
+                                                       (size_t)(j->panel * strip_bytes)) != 0)
+        j->pbuf[participant] = NULL;
+    int8_t *buf = j->pbuf[participant];
+    if (buf == NULL) {
+        for (int64_t m = m_begin; m < m_end; m++)
+            for (int64_t n = s0 * GEMM_STRIP; n < N && n < s1 * GEMM_STRIP; n++)
+                j->y[m * N + n] = NAN;
+        return;
+    }
+    for (int64_t s = s0; s < s1; s++)
+        gemm_pack_strip(j->is_q4, j->wq, j->wd, N, K, s * GEMM_STRIP, j->packed->xor_mask,
+                        buf + (s - s0) * strip_bytes);
+    float out[4 * GEMM_STRIP];
+    for (int64_t m0 = m_begin; m0 < m_end; m0 += 4) {
+        const int mr = m_end - m0 < 4 ? (int)(m_end - m0) : 4;
+        const int8_t *x[4], *ax[4];
+        for (int i = 0; i < 4; i++) {
+            /* Past the last row, repeat it: computed and thrown away, never out of bounds. */
+            const int64_t m = i < mr ? m0 + i : m0 + mr - 1;
+            x[i] = j->xq + m * K;
+            ax[i] = j->pk.xabs != NULL ? j->pk.xabs + m * K : NULL;
+        }
+        const float *xdT = j->pk.xdT + (m0 / 4) * nb * 4;
+        const int32_t *xinit = j->pk.xinit != NULL ? j->pk.xinit + (m0 / 4) * nb * 4 : NULL;
+        for (int64_t s = s0; s < s1; s++) {
+            j->packed->tile(buf + (s - s0) * strip_bytes, nb, x, ax, xdT, xinit, out);
+            const int64_t n0 = s * GEMM_STRIP;
+            const int ncols = N - n0 < GEMM_STRIP ? (int)(N - n0) : GEMM_STRIP;
+            for (int i = 0; i < mr; i++)
+                memcpy(j->y + (m0 + i) * N + n0, out + i * GEMM_STRIP, (size_t)ncols * sizeof(float));
+        }
+    }
+}
+#endif
+
 static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                       const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
 {
     const int64_t nb = K / QK;
     const int64_t row_bytes = is_q4 ? K / 2 : K;
     const int64_t ngroups = (N + NR - 1) / NR;
-    const int nt = kernels_threads(nthreads);
-    int64_t panel = GEMM_PANEL_BYTES / (NR * row_bytes);
-    if (panel > (ngroups + nt - 1) / nt)
-        panel = (ngroups + nt - 1) / nt;   /* every thread gets work */
+    int nt = kernels_threads(nthreads);
+    if (N * K * M < KERNELS_PARALLEL_MIN_MACS)
+        nt = 1;
+#if defined(GEMM_PACKED)
+    const struct gemm_packed_variant *packed = M >= GEMM_PACK_MIN_ROWS ? gemm_packed_variant() : NULL;
+    if (packed != NULL) {
+        struct gemm_job job = {.is_q4 = is_q4, .wq = wq, .wd = wd, .N = N, .K = K, .M = M, .nb = nb,
+                               .row_bytes = row_bytes, .xq = xq, .xd = xd, .y = y, .packed = packed};
+        if (gemm_packed_prepare(&job.pk, packed, xq, xd, M, K)) {
+            /* Chunks: a panel of strips (about GEMM_PANEL_BYTES of weights) x a run of rows. */
+            const int64_t strips = (N + GEMM_STRIP - 1) / GEMM_STRIP;
+            int64_t panel = GEMM_PANEL_BYTES / (GEMM_STRIP * row_bytes);
+            panel = panel < 1 ? 1 : panel > strips ? strips : panel;
+            job.panel = panel;
+            job.mrows = GEMM_PACK_ROWS;
+            job.mchunks = (M + GEMM_PACK_ROWS - 1) / GEMM_PACK_ROWS;
+            pool_run(KERNEL_GEMM, nt, ((strips + panel - 1) / panel) * job.mchunks, gemm_packed_chunk, &job);
+            for (int p = 0; p < POOL_MAX_THREADS; p++)
+                free(job.pbuf[p]);
+            gemm_packed_release(&job.pk);
+            return;
+        }
+        /* out of memory for the packed route's operands: the row route needs none */
+    }
+#endif
+    /* Chunks: about 16 per thread, between GEMM_CHUNK_MIN_BYTES (the claim of a chunk stays a
+     * small part of its time) and one L2 panel; prefill also cuts the rows in runs of
+     * GEMM_CHUNK_ROWS, so that a thread that loses its core holds little of the work. */
+    const int64_t group_bytes = NR * row_bytes;
+    int64_t bytes = ngroups * group_bytes / (16 * (int64_t)nt);
+    bytes = bytes < GEMM_CHUNK_MIN_BYTES ? GEMM_CHUNK_MIN_BYTES : bytes > GEMM_PANEL_BYTES ? GEMM_PANEL_BYTES : bytes;
+    int64_t panel = bytes / group_bytes;
     if (panel < 1)
         panel = 1;
-    const int64_t npanels = (ngroups + panel - 1) / panel;
+    const int64_t mrows = M > 2 * GEMM_CHUNK_ROWS ? GEMM_CHUNK_ROWS : M;
     int failed;
     int32_t *xsum8 = gemm_xsum8(is_q4, xq, M, nb, &failed);
     if (failed) {   /* out of memory: fail loudly in the numbers, not in a crash */
@@ -86,33 +230,10 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
             y[i] = NAN;
         return;
     }
-    #pragma omp parallel num_threads(nt) if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
-    {
-    kernels_note_threads(KERNEL_GEMM);
-    #pragma omp for schedule(static)
-    for (int64_t p = 0; p < npanels; p++) {
-        const int64_t g_end = (p + 1) * panel < ngroups ? (p + 1) * panel : ngroups;
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
-            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            for (int64_t g = p * panel; g < g_end; g++) {
-                const int64_t n0 = g * NR;
-                const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
-                const uint8_t *wrow[NR];
-                const uint16_t *wdrow[NR];
-                for (int r = 0; r < NR; r++) {
-                    /* Past the last row, repeat it: computed and thrown away, never out of bounds. */
-                    const int64_t n = r < ncols ? n0 + r : N - 1;
-                    wrow[r] = wq + n * row_bytes;
-                    wdrow[r] = wd + n * nb;
-                }
-                /* Only the first pass over a group streams its rows from memory. */
-                const int64_t ahead = m0 == 0 && g + 1 < ngroups ? NR * row_bytes : 0;
-                gemm_tile_dispatch(is_q4, mr, wrow, wdrow, nb, xq + m0 * K, K, xd + m0 * nb,
-                                   xsum8 != NULL ? xsum8 + m0 * nb : NULL, y + m0 * N + n0, N, ncols, ahead);
-            }
-        }
-    }
-    }   /* parallel */
+    struct gemm_job job = {.is_q4 = is_q4, .wq = wq, .wd = wd, .N = N, .K = K, .M = M, .nb = nb,
+                           .row_bytes = row_bytes, .ngroups = ngroups, .panel = panel, .mrows = mrows,
+                           .mchunks = (M + mrows - 1) / mrows, .xq = xq, .xd = xd, .xsum8 = xsum8, .y = y};
+    pool_run(KERNEL_GEMM, nt, ((ngroups + panel - 1) / panel) * job.mchunks, gemm_chunk, &job);
     free(xsum8);
 }
 

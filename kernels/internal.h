@@ -4,28 +4,27 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <omp.h>
 #include "kernels.h"
 #include "fallback.h"
+#include "pool.h"
 
-/* Below this many multiply-adds a GEMM runs on the calling thread: waking the
- * OpenMP team costs a few microseconds, more than such a product takes. */
+/* Below this many multiply-adds a GEMM runs on the calling thread: waking the pool's workers
+ * costs a few microseconds, more than such a product takes. */
 #define KERNELS_PARALLEL_MIN_MACS (1 << 18)
 
 static inline int kernels_threads(int nthreads)
 {
-    return nthreads > 0 ? nthreads : omp_get_max_threads();
+    return nthreads > 0 ? nthreads : kernel_default_threads();
 }
 
 /* Where each family's last team size is kept (dispatch.c; kernel_last_threads reads it). */
 extern int kernels_threads_ran[KERNEL_FAMILIES];
 
-/* Called by every thread at the start of a parallel region: thread 0 records the team size the
- * region really got. One store per region, from one thread: no cache line is fought over. */
-static inline void kernels_note_threads(int family)
+/* The team size a family's job got (pool_run records it: 1 when the work ran on the caller). */
+static inline void kernels_note_team(int family, int team)
 {
-    if (omp_get_thread_num() == 0)
-        __atomic_store_n(&kernels_threads_ran[family], omp_get_num_threads(), __ATOMIC_RELAXED);
+    if (family >= 0 && family < KERNEL_FAMILIES)
+        __atomic_store_n(&kernels_threads_ran[family], team, __ATOMIC_RELAXED);
 }
 
 /* int8 max-abs quantization of one group of n floats; returns its scale d = amax/127, and

@@ -10,8 +10,9 @@
  *
  * Shapes use row-major C order. Names: N = output features (weight rows),
  * K = input features (multiple of QK = 32), M = activation rows (tokens).
- * Threads: functions that take `nthreads` parallelise with OpenMP over it;
- * none of them touches Python objects, so callers release the GIL.
+ * Threads: functions that take `nthreads` spread their work over that many threads of the
+ * kernels' pool (pool.h; 0 = kernel_default_threads()), chunk by chunk, and their results do not
+ * depend on the thread count; none of them touches Python objects, so callers release the GIL.
  */
 #ifndef APPLIANCE_KERNELS_H
 #define APPLIANCE_KERNELS_H
@@ -84,7 +85,7 @@ void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out);
  * One pass: for each (t, h) the group's queries are served by a single scan of the
  * rows, with online softmax (running max, rescale). Scores are scaled by `scale`.
  * q is quantized to int8 per 32-block inside the kernel for the q8/q4 paths.
- * out float[T, Hq, hd]. Parallel over (t, h).                                     */
+ * out float[T, Hq, hd]. Parallel over (tile of queries, kv head, part of a long block list).  */
 void attention_q8_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
                            const int8_t *k, const float *ks, const int8_t *v, const float *vs,
                            int64_t bs, const int32_t *table, const int32_t *blockpos,
@@ -133,6 +134,23 @@ void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv
                                const int32_t *blockpos, const int32_t *count, int64_t nsel,
                                int64_t table_stride, const int32_t *qpos, float scale,
                                float *out, float *importance, int64_t n_positions, int nthreads);
+
+/* The attention of several sequences in one call (a decode step's batch), their units spread over
+ * the threads together. Sequence s owns query rows seq_rows[s] .. seq_rows[s+1]-1 of q, qpos and out
+ * (q float[seq_rows[nseq], n_kv*group, hd]); seq_lists[3s .. 3s+2] = (list0, nsel, stride): kv head
+ * h reads the listed blocks list0 + h*stride + i, i < nsel, of table/blockpos/count (stride 0: one
+ * list for every head). Each sequence's output is, bit for bit, attention_{q8,q4,f32} (kind: enum
+ * kv_kind; ks/vs NULL for f32) of its rows and list alone.                                      */
+void attention_batch_portable(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                              const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                              const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                              const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                              const int32_t *qpos, float scale, float *out, int nthreads);
+void attention_batch_simd(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                          const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                          const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                          const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                          const int32_t *qpos, float scale, float *out, int nthreads);
 
 /* Block-sparse probe scores (docs/engine.md, "Block-sparse attention"), the "strided" probe.
  * kind: enum kv_kind; q float[R, n_kv*group, hd]; k, ks one cache layer as attention_*.
@@ -202,11 +220,36 @@ void sparse_select(const float *scores, int64_t n_kv, int64_t nb, const float *i
                    uint8_t *chosen);
 
 /* ---- how many threads the parallel kernels really ran with ------------------
- * The OpenMP team size of the last parallel region of each family, after its rule for running
- * small work on the calling thread (then 1); 0 before the family first ran. Both paths record it,
- * so a test can see the thread setting reach every kernel.                                      */
+ * The team size of the last parallel job of each family, after its rule for running small work on
+ * the calling thread (then 1); 0 before the family first ran. Both paths record it, so a test can
+ * see the thread setting reach every kernel.                                                  */
 enum kernel_family { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_PROBE, KERNEL_PROBE_BOUND, KERNEL_FAMILIES };
 int kernel_last_threads(int family);
+
+/* ---- the thread pool (pool.h) ------------------------------------------------
+ * kernel_default_threads: the team of nthreads == 0 (OMP_NUM_THREADS if set, else the CPUs this
+ * process may run on). kernel_pool_stats fills out[KERNEL_POOL_STATS], counters since the process
+ * started: jobs run in parallel, chunks run by calling threads, chunks run by workers, times a
+ * caller slept for a chunk a worker held (its core was taken), times a worker woke from sleep.
+ * kernel_pool_hold_workers(1): workers take no chunks (tests: every worker's core taken);
+ * kernel_pool_set_spin_us: how long idle workers spin before they sleep (default 200).        */
+enum kernel_pool_stat { KERNEL_POOL_JOBS, KERNEL_POOL_CALLER_CHUNKS, KERNEL_POOL_WORKER_CHUNKS,
+                        KERNEL_POOL_CALLER_SLEEPS, KERNEL_POOL_WORKER_WAKEUPS, KERNEL_POOL_STATS };
+int kernel_default_threads(void);
+void kernel_pool_stats(int64_t *out);
+void kernel_pool_hold_workers(int hold);
+void kernel_pool_set_spin_us(int us);
+
+/* ---- the GEMM's micro-kernel ---------------------------------------------------
+ * Prefill-sized GEMMs (M >= 32) may run a packed route with one of several micro-kernels, chosen
+ * at run time from what the CPU has (x86: "avx-vnni", "avx512-vnni" (vpdpbusd), "avx2"; aarch64
+ * with dotprod: "sdot"); "rows" is the row route alone. Every one gives the same bits.
+ * kernel_gemm_variant: the one in use; kernel_gemm_variants: those this build and CPU can run,
+ * space-separated ("avx2-vnni-emulated": the vpdpbusd kernels' code with the instruction emulated,
+ * for tests); kernel_set_gemm_variant: use another (0), or -1 if it is not one of those.      */
+const char *kernel_gemm_variant(void);
+const char *kernel_gemm_variants(void);
+int kernel_set_gemm_variant(const char *name);
 
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */

@@ -79,6 +79,17 @@ cdef extern from "kernels.h" nogil:
                                    int64_t table_stride, const int32_t *qpos, float scale,
                                    float *out, float *importance, int64_t n_positions, int nthreads)
 
+    void attention_batch_portable(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                                  const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                                  const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                                  const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                                  const int32_t *qpos, float scale, float *out, int nthreads)
+    void attention_batch_simd(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                              const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                              const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                              const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                              const int32_t *qpos, float scale, float *out, int nthreads)
+
     void attention_probe_portable(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
                                   int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
                                   const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
@@ -116,6 +127,22 @@ cdef extern from "kernels.h" nogil:
         KERNEL_PROBE_BOUND
         KERNEL_FAMILIES
     int kernel_last_threads(int family)
+
+    enum kernel_pool_stat:
+        KERNEL_POOL_JOBS
+        KERNEL_POOL_CALLER_CHUNKS
+        KERNEL_POOL_WORKER_CHUNKS
+        KERNEL_POOL_CALLER_SLEEPS
+        KERNEL_POOL_WORKER_WAKEUPS
+        KERNEL_POOL_STATS
+    int kernel_default_threads()
+    void kernel_pool_stats(int64_t *out)
+    void kernel_pool_hold_workers(int hold)
+    void kernel_pool_set_spin_us(int us)
+
+    const char *kernel_gemm_variant()
+    const char *kernel_gemm_variants()
+    int kernel_set_gemm_variant(const char *name)
 
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()

@@ -13,7 +13,6 @@ quantize_rows_q8 produce (the SIMD dot products rely on it).
 import numpy as np
 
 cimport numpy as cnp
-cimport openmp
 from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t
 
 # The contract, declared once in kernels.pxd (explicit: this module is appliance.kernels._kernels,
@@ -22,11 +21,11 @@ from kernels cimport *
 
 cnp.import_array()
 
-cdef int _threads = max(1, openmp.omp_get_max_threads())
+cdef int _threads = max(1, kernel_default_threads())
 
 
 def set_threads(int n):
-    """Default OpenMP thread count of the parallel kernels (threads=0 in a call)."""
+    """Default thread count of the parallel kernels (threads=0 in a call)."""
     global _threads
     if n < 1:
         raise ValueError(f"threads must be >= 1, got {n}")
@@ -45,6 +44,48 @@ def last_threads():
     """{family: threads} the last parallel region of each kernel family really ran with (1 when it
     ran on the calling thread because the work was small; 0 before the family first ran)."""
     return {name: kernel_last_threads(f) for name, f in _FAMILIES.items()}
+
+
+_POOL_STATS = ("jobs", "caller_chunks", "worker_chunks", "caller_sleeps", "worker_wakeups")
+
+
+def pool_stats():
+    """{counter: value} of the kernels' thread pool since the process started: parallel jobs, chunks
+    the calling threads and the workers ran, times a caller slept on a chunk a worker held (its core
+    was taken), times a worker woke from sleep."""
+    cdef int64_t out[KERNEL_POOL_STATS]
+    kernel_pool_stats(out)
+    return {name: out[i] for i, name in enumerate(_POOL_STATS)}
+
+
+def pool_hold_workers(bint hold):
+    """While held, the pool's workers take no work, as when another process holds their cores:
+    every kernel still completes, on the calling thread (for tests)."""
+    kernel_pool_hold_workers(hold)
+
+
+def pool_set_spin_us(int us):
+    """How long an idle worker spins for the next job before it sleeps (default 200 microseconds)."""
+    if us < 0:
+        raise ValueError(f"spin must be >= 0 microseconds, got {us}")
+    kernel_pool_set_spin_us(us)
+
+
+def gemm_variant():
+    """The micro-kernel prefill-sized GEMMs run: "avx-vnni" | "avx512-vnni" | "avx2" | "sdot", or
+    "rows" (the row route alone; every one gives the same bits, kernels.h)."""
+    return (<bytes>kernel_gemm_variant()).decode()
+
+
+def gemm_variants():
+    """The GEMM micro-kernels this build and CPU can run (gemm_variant's names)."""
+    return (<bytes>kernel_gemm_variants()).decode().split()
+
+
+def set_gemm_variant(str name):
+    """Run prefill-sized GEMMs with another micro-kernel of gemm_variants() (tests, benchmarks)."""
+    if kernel_set_gemm_variant(name.encode()) != 0:
+        raise ValueError(f"GEMM variant {name!r} is not one this build and CPU run: {', '.join(gemm_variants())}")
 
 
 def kernel_path():

@@ -1,7 +1,6 @@
 # Included by kernels.pyx: the plain-C kernels of the KV cache (kernels.h "KV cache writes" and
 # "block choice of sparse attention"), which have no SIMD twin and so take no `path`.
 
-_KV_KINDS = {"q8": KV_Q8, "q4": KV_Q4, "f32": KV_F32}
 _KV_DTYPES = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}
 
 
@@ -10,8 +9,8 @@ def kv_store(str kind, x, slots, dst, scale):
 
     dst, scale: the layer's K (or V) array and its scales (kernels.h layouts; scale None for f32).
     """
-    if kind not in _KV_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(_KV_KINDS)}, not {kind!r}")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {', '.join(_KINDS)}, not {kind!r}")
     cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
     cdef cnp.ndarray[int32_t, ndim=1, mode="c"] sl = np.ascontiguousarray(slots, dtype=np.int32)
     if xa.ndim != 3:
@@ -35,7 +34,7 @@ def kv_store(str kind, x, slots, dst, scale):
         s = scale
     if T == 0:
         return
-    cdef int ck = _KV_KINDS[kind]
+    cdef int ck = _KINDS[kind]
     with nogil:
         if ck == KV_Q8:
             kv_store_q8(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)

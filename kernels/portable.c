@@ -65,54 +65,64 @@ static inline void unpack_q4_block(const uint8_t *src, int8_t *dst)
     }
 }
 
+/* The reference GEMM, one output feature at a time: chunks of PORTABLE_GEMM_ROWS weight rows. */
+#define PORTABLE_GEMM_ROWS 16
+
+struct portable_gemm_job {
+    int is_q4;
+    const void *wq;
+    const uint16_t *wd;
+    int64_t N, K, M;
+    const int8_t *xq;
+    const float *xd;
+    float *y;
+};
+
+static void portable_gemm_chunk(void *ctx, int64_t chunk, int participant)
+{
+    (void)participant;
+    const struct portable_gemm_job *j = ctx;
+    const int64_t nb = j->K / QK;
+    const int64_t n_end = (chunk + 1) * PORTABLE_GEMM_ROWS < j->N ? (chunk + 1) * PORTABLE_GEMM_ROWS : j->N;
+    for (int64_t n = chunk * PORTABLE_GEMM_ROWS; n < n_end; n++) {
+        for (int64_t m = 0; m < j->M; m++) {
+            const int8_t *x = j->xq + m * j->K;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int8_t wb[QK];
+                const int8_t *w;
+                if (j->is_q4) {
+                    unpack_q4_block((const uint8_t *)j->wq + n * (j->K / 2) + b * (QK / 2), wb);
+                    w = wb;
+                } else {
+                    w = (const int8_t *)j->wq + n * j->K + b * QK;
+                }
+                const float scale = j->xd[m * nb + b] * half_to_float(j->wd[n * nb + b]);
+                acc += (float)dot_i8_block(x + b * QK, w) * scale;
+            }
+            j->y[m * j->N + n] = acc;
+        }
+    }
+}
+
+static void portable_gemm(int is_q4, const void *wq, const uint16_t *wd, int64_t N, int64_t K,
+                          const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
+{
+    const int nt = N * K * M >= KERNELS_PARALLEL_MIN_MACS ? kernels_threads(nthreads) : 1;
+    struct portable_gemm_job job = {is_q4, wq, wd, N, K, M, xq, xd, y};
+    pool_run(KERNEL_GEMM, nt, (N + PORTABLE_GEMM_ROWS - 1) / PORTABLE_GEMM_ROWS, portable_gemm_chunk, &job);
+}
+
 void gemm_q8_portable(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                       const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
 {
-    const int64_t nb = K / QK;
-    const int nt = kernels_threads(nthreads);
-    #pragma omp parallel num_threads(nt) if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
-    {
-    kernels_note_threads(KERNEL_GEMM);
-    #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *w = wq + n * K;
-        for (int64_t m = 0; m < M; m++) {
-            const int8_t *x = xq + m * K;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const float scale = xd[m * nb + b] * half_to_float(wd[n * nb + b]);
-                acc += (float)dot_i8_block(x + b * QK, w + b * QK) * scale;
-            }
-            y[m * N + n] = acc;
-        }
-    }
-    }   /* parallel */
+    portable_gemm(0, wq, wd, N, K, xq, xd, M, y, nthreads);
 }
 
 void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                       const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
 {
-    const int64_t nb = K / QK;
-    const int nt = kernels_threads(nthreads);
-    #pragma omp parallel num_threads(nt) if (nt > 1 && N * K * M >= KERNELS_PARALLEL_MIN_MACS)
-    {
-    kernels_note_threads(KERNEL_GEMM);
-    #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *w = wq + n * (K / 2);
-        for (int64_t m = 0; m < M; m++) {
-            const int8_t *x = xq + m * K;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                int8_t wb[QK];
-                unpack_q4_block(w + b * (QK / 2), wb);
-                const float scale = xd[m * nb + b] * half_to_float(wd[n * nb + b]);
-                acc += (float)dot_i8_block(x + b * QK, wb) * scale;
-            }
-            y[m * N + n] = acc;
-        }
-    }
-    }   /* parallel */
+    portable_gemm(1, wq, wd, N, K, xq, xd, M, y, nthreads);
 }
 
 /* ---- elementwise ------------------------------------------------------- */

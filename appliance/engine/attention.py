@@ -18,6 +18,7 @@ class ExactAttention:
     def __init__(self, cache: PagedKVCache, head_dim: int):
         self.cache = cache
         self.scale = 1.0 / math.sqrt(head_dim)
+        self._lists = None     # (batch, its block lists for attention_batch): the same in every layer
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
         """q float32[M, Hq, hd], k/v float32[M, n_kv, hd] -> float32[M, Hq*hd]."""
@@ -25,8 +26,41 @@ class ExactAttention:
         for seg in batch.segments:
             rows = slice(seg.row_start, seg.row_end)
             self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
-            self.attend(layer, q[rows], seg, out[rows], seg.table, seg.blockpos, seg.count)
+        lists = self._batch_lists(batch) if len(batch.segments) > 1 else None
+        if lists is None:
+            for seg in batch.segments:
+                rows = slice(seg.row_start, seg.row_end)
+                self.attend(layer, q[rows], seg, out[rows], seg.table, seg.blockpos, seg.count)
+        else:
+            # One call for the whole batch: every sequence's heads and block-list parts share the
+            # threads, where a call per sequence ran short scans one after the other.
+            c = self.cache
+            ks = vs = None
+            if c.k_scale is not None:
+                ks, vs = c.k_scale[layer], c.v_scale[layer]
+            kernels.attention_batch(c.kind, np.ascontiguousarray(q), c.k[layer], ks, c.v[layer], vs, *lists,
+                                    self.scale, out=out)
         return out.reshape(q.shape[0], -1)
+
+    def _batch_lists(self, batch: Batch) -> tuple | None:
+        """(seq_rows, seq_lists, table, blockpos, count, qpos) of attention_batch for this batch's
+        segments, made once per step (every layer reads the same blocks); None unless the segments
+        are the batch's rows in order."""
+        if self._lists is not None and self._lists[0] is batch:
+            return self._lists[1]
+        segs = batch.segments
+        if segs[0].row_start != 0 or any(a.row_end != b.row_start for a, b in zip(segs, segs[1:])):
+            return None
+        sizes = np.array([len(s.table) for s in segs], np.int64)
+        seq_lists = np.zeros((len(segs), 3), np.int64)
+        seq_lists[1:, 0] = np.cumsum(sizes)[:-1]
+        seq_lists[:, 1] = sizes
+        seq_rows = np.array([s.row_start for s in segs] + [segs[-1].row_end], np.int64)
+        lists = (seq_rows, seq_lists) + tuple(
+            np.ascontiguousarray(np.concatenate([getattr(s, name) for s in segs]), dtype=np.int32)
+            for name in ("table", "blockpos", "count", "qpos"))
+        self._lists = (batch, lists)
+        return lists
 
     def attend(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray,
                table: np.ndarray, blockpos: np.ndarray, count: np.ndarray,

@@ -118,6 +118,30 @@ def attention_f32(q, k, v, table, blockpos, count, qpos, scale, out=None, path="
     return _attention(q, k, v, table, blockpos, count, qpos, scale, "f32", out, importance)
 
 
+def attention_batch(kind, q, k, ks, v, vs, seq_rows, seq_lists, table, blockpos, count, qpos, scale, out=None,
+                    path="simd", threads=0):
+    """Several sequences in one call (kernels.h attention_batch): each one's rows are attention_<kind>
+    of its rows and its block list (list0, nsel, stride) alone."""
+    if kind not in ("q8", "q4", "f32"):
+        raise ValueError(f"kind must be q8, q4 or f32, not {kind!r}")
+    n_kv = k.shape[1]
+    result = np.zeros(q.shape, np.float32) if out is None else out
+    for s, (list0, nsel, stride) in enumerate(np.asarray(seq_lists).tolist()):
+        rows = slice(int(seq_rows[s]), int(seq_rows[s + 1]))
+        if stride:
+            idx = list0 + np.arange(n_kv)[:, None] * stride + np.arange(nsel)[None, :]
+        else:
+            idx = list0 + np.arange(nsel)
+        lists = [np.asarray(a)[idx] for a in (table, blockpos, count)]
+        if kind == "f32":
+            got = attention_f32(q[rows], k, v, *lists, qpos[rows], scale)
+        else:
+            fn = attention_q8 if kind == "q8" else attention_q4
+            got = fn(q[rows], k, ks, v, vs, *lists, qpos[rows], scale)
+        result[rows] = got
+    return result
+
+
 def attention_probe(kind, q, k, ks, table, count, probe, scale, pk=None, pks=None, path="simd", threads=0):
     """Block-sparse probe scores float32[n_kv, nblocks] (kernels.h); pk/pks hold the same values
     as k's sampled rows, so the definition reads k alone."""
@@ -249,6 +273,19 @@ def kernel_path():
     return "numpy"
 
 
+def gemm_variant():
+    return "rows"
+
+
+def gemm_variants():
+    return ["rows"]
+
+
+def set_gemm_variant(name):
+    if name != "rows":
+        raise ValueError(f"GEMM variant {name!r} is not one this build and CPU run: rows")
+
+
 def cpu_supported():
     return True
 
@@ -260,3 +297,17 @@ def cpu_features():
 def last_threads():
     """No compiled parallel region runs here: every family reads 0, as before its first call."""
     return {"gemm": 0, "attention": 0, "probe": 0, "probe_bound": 0}
+
+
+def pool_stats():
+    """No thread pool runs here: every counter reads 0."""
+    return {"jobs": 0, "caller_chunks": 0, "worker_chunks": 0, "caller_sleeps": 0, "worker_wakeups": 0}
+
+
+def pool_hold_workers(hold):
+    """Nothing to hold: the numpy twin runs on the calling thread."""
+
+
+def pool_set_spin_us(us):
+    if us < 0:
+        raise ValueError(f"spin must be >= 0 microseconds, got {us}")

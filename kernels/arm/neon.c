@@ -91,6 +91,121 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
     }
 }
 
+#if defined(KERNELS_NEON_DOTPROD)
+#include "../gemm_pack.h"
+
+/* The packed route's micro-kernel (gemm_pack.h), sized for the Cortex-A76: 4 activation rows x 8
+ * weight rows, 8 int32 accumulators (v0-v7), 8 float accumulators (v8-v15), the rows' 16-byte
+ * halves (v16-v19), one group of packed weights (v20-v21). Per 32-block: 64 sdot by element and
+ * 24 float operations (8 times: subtract the magic, scale = wd * xd, fused multiply-add) on the two
+ * vector pipes, 72.7% of them sdot; the accumulators start from GEMM_FLOAT_MAGIC loaded from memory
+ * (the load pipes), so nothing else reaches the vector pipes. In assembly so that what
+ * bench/gemm_mca.py analyses is what runs: the compiler spilled the accumulators of the C version.
+ * Same float operations as gemm_tile per output and block: the same bits. */
+static const int32_t gemm_magic8[8] __attribute__((aligned(32))) = {
+    GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC,
+    GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC, GEMM_FLOAT_MAGIC};
+
+#define SDOT_GROUP(lane)                                   \
+    "ldp    q20, q21, [%[pw]], #32\n"                      \
+    "sdot   v0.4s, v20.16b, v16.4b[" #lane "]\n"           \
+    "sdot   v1.4s, v21.16b, v16.4b[" #lane "]\n"           \
+    "sdot   v2.4s, v20.16b, v17.4b[" #lane "]\n"           \
+    "sdot   v3.4s, v21.16b, v17.4b[" #lane "]\n"           \
+    "sdot   v4.4s, v20.16b, v18.4b[" #lane "]\n"           \
+    "sdot   v5.4s, v21.16b, v18.4b[" #lane "]\n"           \
+    "sdot   v6.4s, v20.16b, v19.4b[" #lane "]\n"           \
+    "sdot   v7.4s, v21.16b, v19.4b[" #lane "]\n"
+#define SCALE_ACC(acc, f, wd, lane, t, u)                  \
+    "fsub   " #t ".4s, " #acc ".4s, v24.4s\n"              \
+    "fmul   " #u ".4s, " #wd ".4s, v28.s[" #lane "]\n"     \
+    "fmla   " #f ".4s, " #t ".4s, " #u ".4s\n"
+
+static void gemm_packed_tile_sdot(const int8_t *pw, int64_t nb, const int8_t *const x[4],
+                                  const int8_t *const ax[4], const float *xdT, const int32_t *xinit, float *out)
+{
+    (void)ax;
+    (void)xinit;   /* signed by signed: the accumulators start at the magic alone */
+    const int8_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    __asm__ volatile(
+        "movi   v8.4s, #0\n"
+        "movi   v9.4s, #0\n"
+        "movi   v10.4s, #0\n"
+        "movi   v11.4s, #0\n"
+        "movi   v12.4s, #0\n"
+        "movi   v13.4s, #0\n"
+        "movi   v14.4s, #0\n"
+        "movi   v15.4s, #0\n"
+        "ldr    q24, [%[mg]]\n"                   /* 12582912.0f in every lane */
+        "1:\n"                                    /* one 32-block per iteration */
+        "ldp    q0, q1, [%[mg]]\n"
+        "ldp    q2, q3, [%[mg]]\n"
+        "ldp    q4, q5, [%[mg]]\n"
+        "ldp    q6, q7, [%[mg]]\n"
+        "ldr    q16, [%[x0]], #16\n"
+        "ldr    q17, [%[x1]], #16\n"
+        "ldr    q18, [%[x2]], #16\n"
+        "ldr    q19, [%[x3]], #16\n"
+        SDOT_GROUP(0) SDOT_GROUP(1) SDOT_GROUP(2) SDOT_GROUP(3)
+        "ldr    q16, [%[x0]], #16\n"
+        "ldr    q17, [%[x1]], #16\n"
+        "ldr    q18, [%[x2]], #16\n"
+        "ldr    q19, [%[x3]], #16\n"
+        SDOT_GROUP(0) SDOT_GROUP(1) SDOT_GROUP(2) SDOT_GROUP(3)
+        "ldp    q26, q27, [%[pw]], #32\n"         /* wd of the 8 weight rows */
+        "ldr    q28, [%[xd]], #16\n"              /* xd of the 4 activation rows */
+        SCALE_ACC(v0, v8, v26, 0, v29, v30)
+        SCALE_ACC(v1, v9, v27, 0, v31, v25)
+        SCALE_ACC(v2, v10, v26, 1, v29, v30)
+        SCALE_ACC(v3, v11, v27, 1, v31, v25)
+        SCALE_ACC(v4, v12, v26, 2, v29, v30)
+        SCALE_ACC(v5, v13, v27, 2, v31, v25)
+        SCALE_ACC(v6, v14, v26, 3, v29, v30)
+        SCALE_ACC(v7, v15, v27, 3, v31, v25)
+        "subs   %[n], %[n], #1\n"
+        "b.ne   1b\n"
+        "stp    q8, q9, [%[out]]\n"
+        "stp    q10, q11, [%[out], #32]\n"
+        "stp    q12, q13, [%[out], #64]\n"
+        "stp    q14, q15, [%[out], #96]\n"
+        : [pw] "+r"(pw), [x0] "+r"(x0), [x1] "+r"(x1), [x2] "+r"(x2), [x3] "+r"(x3), [xd] "+r"(xdT),
+          [n] "+r"(nb)
+        : [mg] "r"(gemm_magic8), [out] "r"(out)
+        : "memory", "cc", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12",
+          "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v24", "v25", "v26", "v27", "v28",
+          "v29", "v30", "v31");
+}
+#undef SDOT_GROUP
+#undef SCALE_ACC
+
+static const struct gemm_packed_variant gemm_packed_sdot = {"sdot", gemm_packed_tile_sdot, 0, 0};
+static int gemm_packed_on = 1;   /* 0: the row route alone ("rows") */
+
+static const struct gemm_packed_variant *gemm_packed_variant(void)
+{
+    return __atomic_load_n(&gemm_packed_on, __ATOMIC_RELAXED) ? &gemm_packed_sdot : NULL;
+}
+#define GEMM_PACKED 1
+
+const char *kernel_gemm_variant(void)
+{
+    return gemm_packed_variant() != NULL ? "sdot" : "rows";
+}
+
+const char *kernel_gemm_variants(void)
+{
+    return "rows sdot";
+}
+
+int kernel_set_gemm_variant(const char *name)
+{
+    if (strcmp(name, "rows") != 0 && strcmp(name, "sdot") != 0)
+        return -1;
+    __atomic_store_n(&gemm_packed_on, strcmp(name, "sdot") == 0, __ATOMIC_RELAXED);
+    return 0;
+}
+#endif
+
 /* Weight panels that stay in L2 with the activation tile (gemm_driver.h; the A76 has 512 KB per
  * core). The Q4 tile subtracts the nibble offset in int8 before its dots: no use for xsum8. */
 #define GEMM_PANEL_BYTES (128 * 1024)

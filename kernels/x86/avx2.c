@@ -110,6 +110,163 @@ ALWAYS_INLINE void gemm_tile(const int is_q4, const int mr, const uint8_t *const
     }
 }
 
+/* ---- the packed route (gemm_pack.h): one micro-kernel source, several dot instructions ---------- */
+#include <pthread.h>
+#include "../gemm_pack.h"
+#include "gemm_vnni.h"
+
+/* AVX2: the sign of x moves onto w, |x| is the unsigned operand (llama.cpp's sign trick). */
+#define PACKED_TILE gemm_packed_tile_avx2
+#define PACKED_DOT(acc, w, xb, axb) \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(axb, _mm256_sign_epi8(w, xb)), _mm256_set1_epi16(1)))
+#define PACKED_WANTS_ABS 1
+#define PACKED_XINIT 0
+#include "gemm_packed_x86.h"
+
+/* vpdpbusd's arithmetic in AVX2 (each lane += four unsigned x signed byte products, exactly): the
+ * VNNI micro-kernels' code and packing, run on any AVX2 CPU, so tests hold them to the others where
+ * no CPU with VNNI (or emulator of it) is at hand. */
+ALWAYS_INLINE __m256i dpbusd_emulated(__m256i acc, __m256i u, __m256i s)
+{
+    const __m256i even = _mm256_set1_epi16(0x00ff);
+    const __m256i u_even = _mm256_and_si256(u, even), u_odd = _mm256_srli_epi16(u, 8);
+    const __m256i s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), s_odd = _mm256_srai_epi16(s, 8);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even),
+                                                  _mm256_madd_epi16(u_odd, s_odd)));
+}
+#define PACKED_TILE gemm_packed_tile_vnni_emulated
+#define PACKED_DOT(acc, w, xb, axb) dpbusd_emulated(acc, w, xb)
+#define PACKED_WANTS_ABS 0
+#define PACKED_XINIT 1
+#include "gemm_packed_x86.h"
+
+/* The micro-kernels this build has, best first (x86/avx_vnni.c, x86/avx512_vnni.c compile the
+ * same source for vpdpbusd). "rows" is the row route alone (no packing). */
+enum { VARIANT_ROWS = -1 };
+static const struct gemm_packed_variant gemm_variants_x86[] = {
+    {"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0},
+    {"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0},
+    {"avx2", gemm_packed_tile_avx2, 0, 1},
+    {"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0},
+};
+#define N_VARIANTS (int)(sizeof gemm_variants_x86 / sizeof gemm_variants_x86[0])
+#define VARIANT_AVX2 2
+#define VARIANT_EMULATED 3
+
+static int variant_cpu_runs(int i)
+{
+    __builtin_cpu_init();
+    switch (i) {
+    case 0: return __builtin_cpu_supports("avxvnni");
+    case 1: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    default: return 1;
+    }
+}
+
+/* A micro-kernel this CPU can run must also give the AVX2 kernel's bits on a known case before it
+ * is used: a wrong VNNI kernel (which no machine here can execute) then costs speed, not answers. */
+static int variant_agrees(int i)
+{
+    enum { NBLK = 3, K_ = NBLK * QK };
+    int8_t wrow[GEMM_STRIP][K_], xrow[4][K_], axrow[4][K_];
+    uint16_t wd[GEMM_STRIP * NBLK];
+    float xd[4 * NBLK], xdT[NBLK * 4];
+    uint32_t r = 12345u;
+    for (int c = 0; c < GEMM_STRIP; c++)
+        for (int k = 0; k < K_; k++) {
+            r = r * 1103515245u + 12345u;
+            wrow[c][k] = (int8_t)((int)(r >> 16) % 255 - 127);
+        }
+    for (int m = 0; m < 4; m++)
+        for (int k = 0; k < K_; k++) {
+            r = r * 1103515245u + 12345u;
+            xrow[m][k] = (int8_t)((int)(r >> 16) % 255 - 127);
+            axrow[m][k] = (int8_t)(xrow[m][k] < 0 ? -xrow[m][k] : xrow[m][k]);
+        }
+    for (int n = 0; n < GEMM_STRIP * NBLK; n++)
+        wd[n] = (uint16_t)(0x3000 + 37 * n);     /* halves from 0.125 up */
+    for (int n = 0; n < 4 * NBLK; n++)
+        xd[n] = 0.01f * (float)(n + 1);
+    for (int b = 0; b < NBLK; b++)
+        for (int m = 0; m < 4; m++)
+            xdT[b * 4 + m] = xd[m * NBLK + b];
+    float out[2][4 * GEMM_STRIP];
+    for (int pass = 0; pass < 2; pass++) {
+        const struct gemm_packed_variant *v = &gemm_variants_x86[pass ? i : VARIANT_AVX2];
+        int8_t packed[NBLK * GEMM_STRIP_BLOCK_BYTES] __attribute__((aligned(64)));
+        gemm_pack_strip(0, (const uint8_t *)wrow, wd, GEMM_STRIP, K_, 0, v->xor_mask, packed);
+        const int8_t *x[4] = {xrow[0], xrow[1], xrow[2], xrow[3]};
+        const int8_t *ax[4] = {axrow[0], axrow[1], axrow[2], axrow[3]};
+        int32_t xinit[NBLK * 4];
+        for (int b = 0; b < NBLK; b++)
+            for (int m = 0; m < 4; m++) {
+                int32_t sum = 0;
+                for (int k = 0; k < QK; k++)
+                    sum += xrow[m][b * QK + k];
+                xinit[b * 4 + m] = GEMM_FLOAT_MAGIC - (int32_t)v->xor_mask * sum;
+            }
+        v->tile(packed, NBLK, x, ax, xdT, v->xor_mask ? xinit : NULL, out[pass]);
+    }
+    return memcmp(out[0], out[1], sizeof out[0]) == 0;
+}
+
+static int variant_ok[N_VARIANTS];      /* 1: this CPU runs it and it agreed */
+static int variant_active = VARIANT_AVX2;
+static pthread_once_t variants_once = PTHREAD_ONCE_INIT;
+
+static void choose_variant(void)
+{
+    int best = -1;
+    for (int i = 0; i < N_VARIANTS; i++) {
+        variant_ok[i] = variant_cpu_runs(i) && variant_agrees(i);
+        if (best < 0 && variant_ok[i] && i != VARIANT_EMULATED)
+            best = i;
+    }
+    variant_active = best;
+}
+
+static const struct gemm_packed_variant *gemm_packed_variant(void)
+{
+    pthread_once(&variants_once, choose_variant);
+    const int v = __atomic_load_n(&variant_active, __ATOMIC_RELAXED);
+    return v >= 0 ? &gemm_variants_x86[v] : NULL;
+}
+#define GEMM_PACKED 1
+
+const char *kernel_gemm_variant(void)
+{
+    const struct gemm_packed_variant *v = gemm_packed_variant();
+    return v != NULL ? v->name : "rows";
+}
+
+const char *kernel_gemm_variants(void)
+{
+    static char buf[128];
+    pthread_once(&variants_once, choose_variant);
+    strcpy(buf, "rows");
+    for (int i = 0; i < N_VARIANTS; i++)
+        if (variant_ok[i]) {
+            strcat(buf, " ");
+            strcat(buf, gemm_variants_x86[i].name);
+        }
+    return buf;
+}
+
+int kernel_set_gemm_variant(const char *name)
+{
+    pthread_once(&variants_once, choose_variant);
+    if (strcmp(name, "rows") == 0) {
+        __atomic_store_n(&variant_active, VARIANT_ROWS, __ATOMIC_RELAXED);
+        return 0;
+    }
+    for (int i = 0; i < N_VARIANTS; i++)
+        if (variant_ok[i] && strcmp(name, gemm_variants_x86[i].name) == 0) {
+            __atomic_store_n(&variant_active, i, __ATOMIC_RELAXED);
+            return 0;
+        }
+    return -1;
+}
+
 /* Weight panels that stay in L2 with the activation tile (gemm_driver.h). */
 #define GEMM_PANEL_BYTES (256 * 1024)
 #define GEMM_Q4_XSUM8 1

@@ -24,7 +24,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
 # Functions of the compiled module that say what the build is or set its threads: not kernels.
-NOT_KERNELS = {"set_threads", "get_threads", "last_threads", "kernel_path", "cpu_supported", "cpu_features"}
+NOT_KERNELS = {"set_threads", "get_threads", "last_threads", "kernel_path", "cpu_supported", "cpu_features",
+               "pool_stats", "pool_hold_workers", "pool_set_spin_us", "gemm_variant", "gemm_variants",
+               "set_gemm_variant"}
 
 
 def _c_type(text: str) -> str:
@@ -228,8 +230,8 @@ print(json.dumps(_kernels.last_threads()))
 def test_engine_threads_reach_every_kernel_family(mode):
     """Engine.load(threads=n) (what --threads sets) is the team size every family then runs with.
 
-    OpenMP's own default is 2 here, so a kernel the setting did not reach would run 2 threads
-    under threads=1. The context (1197 prompt tokens, 38 blocks > k = 32) makes every family
+    The kernels' own default is 2 here (OMP_NUM_THREADS), so a kernel the setting did not reach
+    would run 2 threads under threads=1. The context (1197 prompt tokens, 38 blocks > k = 32) makes every family
     parallel once the setting allows it: the GEMM of the 3072-row lm_head, attention at 32 kept
     blocks, the bound probe over its 32 candidates, the strided probe over 38 blocks x 32 rows.
     """

@@ -1,0 +1,137 @@
+"""Decode attention's memory bandwidth against the weight GEMVs', cold, as one decode step meets them.
+
+    .venv/bin/python bench/attention_bandwidth_bench.py [--context 4096] [--threads 2] [--repeats 5]
+                                                        [--clock wall|cpu] [--kv q8|q4] [--scatter]
+    .venv/bin/python bench/attention_bandwidth_bench.py --shape tiny --repeats 1      # checks the script
+
+Qwen3-0.6B's decode step, kernel by kernel: per layer its four Q8_0 GEMVs (qkv, o, gate_up, down:
+21 MB) then its attention over `context` tokens of q8 KV (8 kv heads, head_dim 128, group 2: 8.6 MB
+at 4096), 28 layers, each array read once per step as in the engine, so neither finds its bytes in a
+cache (842 MB in all at 4096). GB/s = bytes read / time, per kind, summed over the step; the median
+step over the repeats is reported, and the ratio attention / GEMV, whose target is >= 0.80
+(docs/performance.md). --clock cpu (with --threads 1) times the thread's CPU time, which leaves out
+the time other processes held the core; memory stalls still count. The block table is the pool's
+order for one sequence (consecutive blocks) unless --scatter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant
+
+TARGET = 0.80
+
+
+@dataclass
+class Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+SHAPES = {"0.6b": Shape(28, 1024, 3072, 16, 8, 128), "tiny": Shape(2, 256, 512, 4, 2, 64)}
+
+
+def layer_weights(rng, s: Shape):
+    """The four GEMVs of one layer as (wq int8[N, K], wd float16[N, K/32]); random bytes (the cost does
+    not depend on the values)."""
+    shapes = [((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden), (s.hidden, s.heads * s.head_dim),
+              (2 * s.intermediate, s.hidden), (s.hidden, s.intermediate)]
+    return [(rng.integers(-127, 128, (n, k), dtype=np.int8),
+             (rng.random((n, k // 32), dtype=np.float32) * 0.01).astype(np.float16)) for n, k in shapes]
+
+
+def layer_cache(rng, s: Shape, context: int, kv: str, bs: int = 32):
+    nblk = -(-context // bs)
+    shape = (nblk, s.kv_heads, bs, s.head_dim)
+    if kv == "q8":
+        k = rng.integers(-127, 128, shape, dtype=np.int8)
+        v = rng.integers(-127, 128, shape, dtype=np.int8)
+        ks = (rng.random(shape[:3], dtype=np.float32) * 0.05).astype(np.float32)
+        vs = (rng.random(shape[:3], dtype=np.float32) * 0.05).astype(np.float32)
+    else:
+        k = rng.integers(0, 256, shape[:3] + (s.head_dim // 2,), dtype=np.uint8)
+        v = rng.integers(0, 256, shape[:3] + (s.head_dim // 2,), dtype=np.uint8)
+        ks = (rng.random(shape[:3] + (s.head_dim // 32,), dtype=np.float32) * 0.05).astype(np.float32)
+        vs = (rng.random(shape[:3] + (s.head_dim // 32,), dtype=np.float32) * 0.05).astype(np.float32)
+    return k, ks, v, vs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--kv", choices=["q8", "q4"], default="q8")
+    ap.add_argument("--scatter", action="store_true", help="blocks at random places in the pool")
+    args = ap.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu times the calling thread: use it with --threads 1")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    s = SHAPES[args.shape]
+    rng = np.random.default_rng(0)
+    bs = 32
+    print(f"shape {args.shape}: {s.layers} layers, context {args.context}, {args.kv} KV, {args.threads} threads, "
+          f"kernel path {K.kernel_path()}, load average {os.getloadavg()[0]:.2f}")
+    weights = [layer_weights(rng, s) for _ in range(s.layers)]
+    caches = [layer_cache(rng, s, args.context, args.kv, bs) for _ in range(s.layers)]
+    nblk = -(-args.context // bs)
+    table = (rng.permutation(nblk) if args.scatter else np.arange(nblk)).astype(np.int32)
+    blockpos = np.arange(nblk, dtype=np.int32)
+    count = np.full(nblk, bs, np.int32)
+    count[-1] = args.context - (nblk - 1) * bs
+    qpos = np.array([args.context - 1], np.int32)
+    q = rng.standard_normal((1, s.heads, s.head_dim)).astype(np.float32)
+    xq, xd = quant.quantize_rows_q8(rng.standard_normal((1, max(s.hidden, s.intermediate, s.heads * s.head_dim)))
+                                    .astype(np.float32))
+    attend = K.attention_q8 if args.kv == "q8" else K.attention_q4
+    scale = 1.0 / np.sqrt(s.head_dim)
+    w_bytes = sum(wq.nbytes + wd.nbytes for layer in weights for wq, wd in layer)
+    kv_bytes = sum(k.nbytes + ks.nbytes + v.nbytes + vs.nbytes for k, ks, v, vs in caches)
+    outs = [np.empty((1, wq.shape[0]), np.float32) for wq, _ in weights[0]]
+    attn_out = np.empty_like(q)
+
+    def step():
+        t_gemv = t_attn = 0.0
+        for layer in range(s.layers):
+            t0 = clock()
+            for (wq, wd), out in zip(weights[layer], outs):
+                kk = wq.shape[1]
+                K.gemm_q8(wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
+            t1 = clock()
+            k, ks, v, vs = caches[layer]
+            attend(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=attn_out, threads=args.threads)
+            t_attn += clock() - t1
+            t_gemv += t1 - t0
+        return t_gemv, t_attn
+
+    step()                                     # page faults, the pool's workers
+    times = [step() for _ in range(args.repeats)]
+    gemv = statistics.median(t for t, _ in times)
+    attn = statistics.median(t for _, t in times)
+    gemv_bw, attn_bw = w_bytes / gemv / 1e9, kv_bytes / attn / 1e9
+    print()
+    print(f"{'kind':<10} {'MB read':>9} {'ms/step':>9} {'GB/s':>7}   (median of {args.repeats} steps, {args.clock} clock)")
+    print(f"{'GEMV':<10} {w_bytes / 1e6:>9.1f} {1e3 * gemv:>9.2f} {gemv_bw:>7.2f}")
+    print(f"{'attention':<10} {kv_bytes / 1e6:>9.1f} {1e3 * attn:>9.2f} {attn_bw:>7.2f}")
+    ratio = attn_bw / gemv_bw
+    print()
+    print(f"attention bandwidth / GEMV bandwidth: {ratio:.2f} (target >= {TARGET:.2f}: {'MET' if ratio >= TARGET else 'MISSED'})")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""The kernels' thread pool (kernels/pool.h): no kernel waits for a thread that does not come.
+
+A worker whose core another process holds simply takes no work; the calling thread does its share.
+pool_hold_workers makes every worker such a worker, so these checks do not depend on the machine's
+load: under an OpenMP team the same calls would wait at the region's barrier for ever.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+
+from appliance.kernels import _kernels as K
+from appliance.kernels import quant, reference
+
+from kernel_cases import make_case
+
+
+def _gemm_case(rng, m=3):
+    w = rng.standard_normal((3072, 1024)).astype(np.float32)
+    wq, wd = quant.quantize_q8_0(w)
+    xq, xd = quant.quantize_rows_q8(rng.standard_normal((m, 1024)).astype(np.float32))
+    return wq, wd, xq, xd
+
+
+def _every_family(rng):
+    """One call of each parallel family, big enough to run on 2 threads; returns its outputs."""
+    wq, wd, xq, xd = _gemm_case(rng)
+    case = make_case(rng, 1, 8, 2, 128, 32, 3000)
+    (kq, ks, vq, vs), _, _ = case.q8()
+    keys = kq.astype(np.float32) * ks[..., None]
+    bk, bks = quant.quantize_bound_rows(keys.max(axis=2), keys.min(axis=2))
+    return [
+        K.gemm_q8(wq, wd, xq, xd, threads=2),
+        K.attention_q8(case.q, kq, ks, vq, vs, case.table, case.blockpos, case.count, case.qpos, case.scale,
+                       threads=2),
+        K.attention_probe("q8", case.q, kq, ks, case.table, case.count, 32, case.scale, threads=2),
+        K.attention_probe_bound("q8", case.q, kq, ks, bk, bks, case.table, case.count, 8, case.scale, threads=2),
+    ]
+
+
+def test_held_workers_leave_every_chunk_to_the_caller_and_change_no_bit():
+    free = _every_family(np.random.default_rng(1))
+    before = K.pool_stats()
+    K.pool_hold_workers(True)
+    try:
+        held = _every_family(np.random.default_rng(1))
+        during = K.pool_stats()
+    finally:
+        K.pool_hold_workers(False)
+    assert K.last_threads() == {"gemm": 2, "attention": 2, "probe": 2, "probe_bound": 2}
+    for a, b in zip(free, held):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert during["jobs"] - before["jobs"] == 4
+    assert during["worker_chunks"] == before["worker_chunks"]
+    assert during["caller_chunks"] - before["caller_chunks"] >= 4 * 2
+
+
+def test_two_python_threads_run_kernels_at_once():
+    """The pool runs one job at a time; a call that finds it busy runs on its own thread."""
+    rng = np.random.default_rng(2)
+    wq, wd, xq, xd = _gemm_case(rng, m=2)
+    want = K.gemm_q8(wq, wd, xq, xd, threads=1)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                results.append(K.gemm_q8(wq, wd, xq, xd, threads=2))
+        except Exception as e:  # surfaced below: a thread's exception would be lost otherwise
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 60
+    assert all(np.array_equal(r, want) for r in results)
+
+
+def _gemm_in_child(conn):
+    rng = np.random.default_rng(3)
+    wq, wd, xq, xd = _gemm_case(rng)
+    conn.send((K.gemm_q8(wq, wd, xq, xd, threads=2), K.last_threads()["gemm"]))
+    conn.close()
+
+
+def test_a_forked_child_runs_the_parallel_kernels():
+    """The workers do not survive fork(); the child's first job starts its own."""
+    _every_family(np.random.default_rng(4))          # the parent's workers exist
+    rng = np.random.default_rng(3)
+    wq, wd, xq, xd = _gemm_case(rng)
+    want = K.gemm_q8(wq, wd, xq, xd, threads=1)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_gemm_in_child, args=(child,))
+    p.start()
+    assert parent.poll(120), "the forked child did not answer"
+    got, team = parent.recv()
+    p.join(30)
+    assert p.exitcode == 0 and team == 2
+    assert np.array_equal(got, want)
+
+
+def test_spin_setting():
+    for module in (K, reference):
+        with pytest.raises(ValueError, match="spin must be >= 0"):
+            module.pool_set_spin_us(-1)
+    rng = np.random.default_rng(5)
+    wq, wd, xq, xd = _gemm_case(rng)
+    want = K.gemm_q8(wq, wd, xq, xd, threads=1)
+    try:
+        K.pool_set_spin_us(0)                        # idle workers sleep at once
+        assert all(np.array_equal(K.gemm_q8(wq, wd, xq, xd, threads=2), want) for _ in range(5))
+    finally:
+        K.pool_set_spin_us(200)
+    stats = reference.pool_stats()
+    assert set(stats) == set(K.pool_stats()) and not any(stats.values())
+    reference.pool_hold_workers(True)
