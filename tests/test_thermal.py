@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "lab"))
 from fake_sysfs import ZONES, make_tree, set_freq  # noqa: E402
 
 from appliance.telemetry.thermal import ThermalMonitor, ThermalReader, zone_policies  # noqa: E402
@@ -17,11 +17,11 @@ def test_reads_zones_and_policies(tmp_path, layout):
     root = make_tree(tmp_path, layout)
     snap = ThermalReader(str(root)).snapshot(busy_cpus=set())
     assert [z.name for z in snap.zones] == ZONES[layout]
-    assert snap.zones[0].temp_c == pytest.approx(41.2)
+    assert snap.zones[0].temp_c == pytest.approx(45.0)
     assert {p.name: p.cpus for p in snap.policies} == {"policy0": [0, 1, 2, 3], "policy4": [4, 5],
                                                        "policy6": [6, 7]}
     big = snap.policies[1]
-    assert big.cur_hz == big.max_hz == big.hw_max_hz == 2.4e9
+    assert big.cur_hz == big.max_hz == big.hw_max_hz == 2.352e9
     assert big.cluster == "cpu4-5"
     assert not snap.throttled
 
@@ -55,7 +55,7 @@ def test_frequency_held_below_max_while_busy_is_throttling(tmp_path):
     by_name = {p.name: p for p in busy.policies}
     assert by_name["policy4"].throttled and by_name["policy6"].throttled
     assert not by_name["policy0"].throttled         # the little cluster was idle
-    assert by_name["policy4"].cur_hz == 1.2e9 and by_name["policy4"].hw_max_hz == 2.4e9
+    assert by_name["policy4"].cur_hz == 1.416e9 and by_name["policy4"].hw_max_hz == 2.352e9
 
 
 class _Busy:
@@ -81,7 +81,7 @@ def test_monitor_needs_two_samples_and_counts_seconds(tmp_path, monkeypatch):
     mon.sample()
     assert mon.throttled_seconds["policy4"] == pytest.approx(1.0)
     assert mon.throttled_seconds["policy0"] == 0.0
-    set_freq(root, "policy4", 2400000, 2400000)     # cooled down: back at full clock
+    set_freq(root, "policy4", 2352000, 2352000)     # cooled down: back at full clock
     clock[0] += 0.5
     assert not {p.name: p for p in mon.sample().policies}["policy4"].throttled
 
@@ -127,11 +127,11 @@ def test_metrics_export_thermal(tmp_path):
     m = Metrics(process_metrics=False)
     m.bind(thermal=mon.snapshot)
     text = m.render()[0].decode()
-    assert 'appliance_thermal_zone_temperature_celsius{zone="bigcore2-thermal"} 86.5' in text
+    assert 'appliance_thermal_zone_temperature_celsius{zone="bigcore2-thermal"} 84.0' in text
     assert 'zone="npu-thermal"' not in text                        # unknown: no sample at all
     assert 'appliance_cpu_throttled{cpus="cpu4-5",policy="policy4"} 1.0' in text
     assert 'appliance_cpu_throttled{cpus="cpu0-3",policy="policy0"} 0.0' in text
-    assert 'appliance_cpu_frequency_hertz{cpus="cpu6-7",policy="policy6"} 1.2e+09' in text
+    assert 'appliance_cpu_frequency_hertz{cpus="cpu6-7",policy="policy6"} 1.416e+09' in text
     assert "appliance_cpu_throttled_seconds_total" in text
 
 

@@ -1,4 +1,4 @@
-"""The `appliance` command: serve | generate | bench | eval | selftest | quantize.
+"""The `appliance` command: serve | generate | bench | eval | selftest | quantize | model-files.
 
 Errors a user can fix (bad flags, a broken model directory) end in one line on
 stderr and a non-zero exit, never a traceback.
@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--weights", choices=[f for f in WEIGHT_FORMATS if f != "f32"], default="q8",
                    help="format to quantize to (default q8)")
     q.set_defaults(func=cmd_quantize)
+
+    m = sub.add_parser("model-files", help="list every file the engine reads from a checkpoint, with "
+                                           "sizes and SHA-256 (the fleet role's appliance_model_files)")
+    m.add_argument("model_dir", help="checkpoint directory")
+    m.add_argument("--json", action="store_true", help="JSON instead of the role's YAML")
+    m.set_defaults(func=cmd_model_files)
 
     from appliance.cli.evaluate import add_eval_parser
     add_eval_parser(sub)
@@ -169,6 +175,25 @@ def cmd_quantize(args) -> int:
     from appliance.engine.engine import Engine
     engine = Engine.load(args.model, weights=args.weights)
     print(f"{engine.model_dir}: {args.weights} weights ready ({engine.weight_bytes / 2**20:.1f} MiB)")
+    return 0
+
+
+def cmd_model_files(args) -> int:
+    from appliance.weights.manifest import checkpoint_files
+    model_dir = Path(args.model_dir).expanduser()
+    if not model_dir.is_dir():
+        raise ValueError(f"{model_dir}: not a directory")
+    files = checkpoint_files(model_dir)
+    if args.json:
+        print(json.dumps([vars(f) for f in files], indent=2))
+        return 0
+    # YAML for a host or group vars file; names are JSON-quoted, which YAML reads as the same string.
+    print(f"# {len(files)} files, {sum(f.size for f in files) / 2**20:.1f} MiB: "
+          f"`appliance model-files {model_dir}`")
+    print(f"appliance_model_name: {json.dumps(model_dir.name)}")
+    print("appliance_model_files:")
+    for f in files:
+        print(f"  - {{name: {json.dumps(f.name)}, sha256: {json.dumps(f.sha256)}, size: {f.size}}}")
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "lab"))
 from fake_sysfs import make_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
