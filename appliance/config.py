@@ -27,8 +27,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from appliance.options import KV_FORMATS, PROBE_MODES, WEIGHT_FORMATS, SparseConfig
-from appliance.engine.speculative import MAX_DRAFT_TOKENS
+from appliance.options import KV_FORMATS, MAX_DRAFT_TOKENS, PROBE_MODES, WEIGHT_FORMATS, SparseConfig
 
 ENV_PREFIX = "APPLIANCE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -1,4 +1,4 @@
-"""The engine's choices (formats, sparse attention), each named once.
+"""The engine's choices (formats, sparse attention, speculative draft length), each named once.
 
 The CLI flags, the server's settings (appliance/config.py) and the Ansible role's argument
 specs take their choices and defaults from here (tests/test_settings_schema.py compares them).
@@ -13,6 +13,7 @@ KV_FORMATS = ("q8", "q4", "f32")         # per (token, kv head) int8, 32-element
 PROBE_MODES = ("bound", "strided")       # how block-sparse attention scores blocks (engine/sparse.py)
 DEFAULT_MAX_CONTEXT = 32768              # context cap when neither the caller nor the model says less
 KV_BLOCK = 32                            # positions per KV cache block without sparse attention
+MAX_DRAFT_TOKENS = 16                    # speculative rows per sequence and step a request may ask to verify
 
 
 @dataclass(frozen=True)

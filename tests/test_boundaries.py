@@ -5,6 +5,8 @@
   engine and generates.
 - Serving and telemetry never import the kernels: they meet the engine through its API and
   its plain stats objects.
+- The settings (appliance/config.py) load without the engine: a bad flag is reported before
+  numpy, the model families or the kernels are imported.
 """
 from __future__ import annotations
 
@@ -88,5 +90,15 @@ def test_an_engine_process_loads_no_serving_telemetry_or_http(kernels):
         env["APPLIANCE_KERNELS"] = "numpy"
     r = subprocess.run([sys.executable, "-c", LOAD_AND_GENERATE, json.dumps(FORBIDDEN_FOR_ENGINE)],
                        capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == []
+
+
+def test_settings_load_without_the_engine():
+    code = ("import json, sys, appliance.config; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'numpy' "
+            "or m == 'appliance.engine' or m.startswith('appliance.engine.'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1]) == []

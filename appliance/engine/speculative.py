@@ -21,15 +21,16 @@ at the miss, lands in that one step.
   Below a = rho the sequence stops drafting and only probes one token every PROBE_EVERY
   steps, so a free-writing answer pays at most rho / PROBE_EVERY of a step for it.
 
-Light on purpose (no numpy): appliance/config.py reads SpeculativeConfig's defaults.
+Light on purpose (no numpy): the server validates requests' `speculative` with SpeculativeConfig.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from appliance.options import MAX_DRAFT_TOKENS
+
 METHODS = ("prompt_lookup",)
-MAX_DRAFT_TOKENS = 16          # rows per sequence and step a request may ask to verify
 MAX_NGRAM = 16
 
 
