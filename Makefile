@@ -38,10 +38,13 @@ $(EDITABLE_STAMP): pyproject.toml $(RUN_STAMP)
 	@touch $@
 
 # Only when a kernel source or setup.py changed since the last build; then --force, because
-# setuptools looks at the .c/.pyx files alone and would miss a changed header.
+# setuptools looks at the .c/.pyx files alone and would miss a changed header. The editable
+# install compiles the kernels too: when no source is newer than it, they are built already.
 $(BUILD_STAMP): $(KERNEL_SOURCES) $(EDITABLE_STAMP)
-	@echo "building the kernels (their sources changed)"
-	@$(PY) setup.py -q build_ext --inplace --force $(QUIET)
+	@if [ -n "$$(find $(KERNEL_SOURCES) -newer $(EDITABLE_STAMP))" ]; then \
+	  echo "building the kernels (their sources changed)"; \
+	  $(PY) setup.py -q build_ext --inplace --force $(QUIET); \
+	fi
 	@touch $@
 
 build: $(BUILD_STAMP)

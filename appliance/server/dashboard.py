@@ -3,12 +3,17 @@
 The page polls the feed once a second with `steps=`, `series=` and `thermal=` set to
 the newest time it holds of each, so each poll carries only new points; charts are drawn on plain canvases (web/static/charts.js).
 Model output reaches the page only through the chat panel, which sets textContent.
+The feed also carries the tables as rows a person reads (appliance/server/dashboard_facts.py)
+and what the page must know of the model: whether it is the embedded demo model, and whether
+it has a chat template (without one the chat panel sends plain completions).
 """
 from __future__ import annotations
 
 import time
 
 from flask import Blueprint, current_app, jsonify, render_template, request
+
+from appliance.server.dashboard_facts import model_rows, setting_rows
 
 bp = Blueprint("dashboard", __name__)
 
@@ -18,6 +23,16 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 def runtime():
     return current_app.extensions["appliance"]
+
+
+def model_notes(engine) -> dict:
+    """What the chat panel adapts to; empty until the model is loaded."""
+    if engine is None:
+        return {}
+    from appliance.engine import DEMO_MODEL_DIR
+
+    return {"demo": engine.model_dir.resolve() == DEMO_MODEL_DIR.resolve(),
+            "chat_template": bool(engine.tokenizer.has_chat_template)}
 
 
 @bp.after_app_request
@@ -53,7 +68,9 @@ def stats():
         "status": rt.status,
         "error": rt.error,
         "model": rt.model_facts(),
+        "model_notes": model_notes(rt.engine),
         "settings": rt.settings.public(),
+        "rows": {"model": model_rows(rt.model_facts()), "settings": setting_rows(rt.settings)},
         "queue": rt.queue_facts(),
         "auth_required": bool(rt.settings.api_key),
         "thermal": None if snap is None else snap.to_dict(),

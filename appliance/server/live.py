@@ -1,8 +1,10 @@
 """Short in-memory history for the dashboard (Prometheus keeps the long one).
 
 Fed by the same stats objects as appliance.metrics: decode steps become points
-(time, ms/token, attention share, context, batch); tokens and queue depth are
-summed into one-second buckets. Everything is bounded: a board serves for months.
+(time, ms/token, attention share, context, batch); tokens, queue depth and speculative
+decoding's drafted and accepted tokens are summed into one-second buckets, and the drafts'
+acceptance is also kept per draft position since the start. Everything is bounded: a board
+serves for months.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import threading
 import time
 from typing import Callable
 
+from appliance.engine.speculative import SpeculativeStats
 from appliance.engine.stats import DecodeStats, PrefillStats
 from appliance.server.scheduler import StepTokens
 
@@ -24,6 +27,9 @@ class LiveStats:
         self.buckets: collections.deque[dict] = collections.deque(maxlen=seconds)
         self.queue_state = queue_state or (lambda: (0, 0))
         self._current: dict | None = None
+        # speculative decoding since the start: drafts that reached position i + 1, and accepted there
+        self.spec_drafted: list[int] = []
+        self.spec_accepted: list[int] = []
 
     def _bucket(self, now: float) -> dict:
         """The bucket for the current second, closing (and zero-filling) past ones."""
@@ -38,10 +44,13 @@ class LiveStats:
                 gap_start = second - self.buckets.maxlen
             running, waiting = self.queue_state()
             for t in range(gap_start, second):     # idle seconds still show on the chart
-                self.buckets.append({"t": t, "tokens": 0, "steps": 0, "step_s": 0.0, "attn": 0.0,
-                                     "running": running, "waiting": waiting})
-        self._current = {"t": second, "tokens": 0, "steps": 0, "step_s": 0.0, "attn": 0.0}
+                self.buckets.append({**self._empty(t), "running": running, "waiting": waiting})
+        self._current = self._empty(second)
         return self._current
+
+    @staticmethod
+    def _empty(second: int) -> dict:
+        return {"t": second, "tokens": 0, "steps": 0, "step_s": 0.0, "attn": 0.0, "drafted": 0, "accepted": 0}
 
     def _close(self, b: dict) -> None:
         running, waiting = self.queue_state()
@@ -65,6 +74,24 @@ class LiveStats:
                                       "tokens": stats.n_tokens, "attn": round(stats.attn_share, 4)})
             elif isinstance(stats, StepTokens):
                 b["tokens"] += stats.generated_tokens
+            elif isinstance(stats, SpeculativeStats):
+                b["drafted"] += stats.draft_tokens
+                b["accepted"] += stats.accepted_tokens
+                grow = len(stats.drafted) - len(self.spec_drafted)
+                if grow > 0:
+                    self.spec_drafted += [0] * grow
+                    self.spec_accepted += [0] * grow
+                for i, (drafted, accepted) in enumerate(zip(stats.drafted, stats.accepted)):
+                    self.spec_drafted[i] += drafted
+                    self.spec_accepted[i] += accepted
+
+    def speculation(self) -> dict:
+        """Drafted and accepted tokens since the start, and per draft position."""
+        with self.lock:
+            drafted, accepted = list(self.spec_drafted), list(self.spec_accepted)
+        return {"draft_tokens": sum(drafted), "accepted_tokens": sum(accepted),
+                "by_position": [{"position": i + 1, "drafted": d, "accepted": a}
+                                for i, (d, a) in enumerate(zip(drafted, accepted))]}
 
     def snapshot(self, steps_since: float = 0.0, series_since: float = 0.0) -> dict:
         """Decode/prefill points newer than `steps_since` and closed one-second buckets newer
@@ -74,8 +101,10 @@ class LiveStats:
             series = [{"t": b["t"], "tokens_per_s": b["tokens"],
                        "decode_ms": round(1e3 * b["step_s"] / b["steps"], 3) if b["steps"] else None,
                        "attn_share": round(b["attn"] / b["steps"], 4) if b["steps"] else None,
-                       "running": b["running"], "waiting": b["waiting"]}
+                       "running": b["running"], "waiting": b["waiting"],
+                       "spec_drafted": b["drafted"], "spec_accepted": b["accepted"]}
                       for b in self.buckets if b["t"] > series_since]
             steps = [s for s in self.steps if s["t"] > steps_since]
             prefills = [p for p in self.prefills if p["t"] > steps_since]
-        return {"series": series, "steps": steps[-300:], "prefills": prefills}
+        return {"series": series, "steps": steps[-300:], "prefills": prefills,
+                "speculation": self.speculation()}     # after the lock: speculation() takes it

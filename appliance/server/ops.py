@@ -2,9 +2,12 @@
 balancers and Prometheus."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from flask import Blueprint, Response, current_app, jsonify
+
+from appliance.server.speculative_params import server_default
 
 bp = Blueprint("ops", __name__)
 
@@ -27,8 +30,16 @@ def health():
         body["queue"] = rt.queue_facts()
         snap = rt.thermal.snapshot()
         body["throttled"] = None if snap is None else snap.throttled
+        body["speculative"] = speculation_facts(rt)
     code = 200 if rt.status in ("ready", "draining") else 503
     return jsonify(body), code
+
+
+def speculation_facts(rt) -> dict:
+    """Whether requests speculate unless they say otherwise (--spec-prompt-lookup), with what,
+    and the drafts verified since the start (requests may ask for speculation either way)."""
+    default = server_default(rt.settings)
+    return {"default": None if default is None else dataclasses.asdict(default), **rt.live.speculation()}
 
 
 @bp.get("/ready")

@@ -1,17 +1,20 @@
 """The dashboard in Debian's Chromium through pip's Playwright (never `playwright install`)."""
 from __future__ import annotations
 
-import os
 import shutil
+import sys
 import threading
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+sys.path.insert(0, str(Path(__file__).parent))
+from browser_kit import ARGS, CHROMIUM, INKED  # noqa: E402
+
+# Charts every server with sensors shows (speculative decoding's appear once drafts are verified).
+BASE_CHARTS = ["chart-decode", "chart-attn", "chart-tps", "chart-queue", "chart-temp", "chart-freq"]
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,9 +61,7 @@ def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
             # every chart inked (axes, lines, legend); polled: a chart fills at the next poll
             inked, deadline = [], time.monotonic() + 20
             while time.monotonic() < deadline:
-                inked = page.evaluate("""() => [...document.querySelectorAll('canvas')].map(c => {
-                    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;
-                    for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; })""")
+                inked = page.evaluate(INKED, BASE_CHARTS)
                 if len(inked) == 6 and all(n > 200 for n in inked):
                     break
                 page.wait_for_timeout(250)
@@ -161,7 +162,8 @@ def test_dashboard_chat_reasoning_tool_calls_and_thinking_switch(idle_server):
             assert history[1]["reasoning_content"] == "The user asks about the big cores."
             result = _json.loads(history[2]["content"])
             assert history[2]["tool_call_id"] == "call_1" and result["sensor"] == "bigcore0-thermal"
-            assert isinstance(result["celsius"], float)
+            # the zone's reading as the page had it (JSON drops the ".0" of a whole degree)
+            assert isinstance(result["celsius"], (int, float)) and 20 <= result["celsius"] <= 120
 
             page.uncheck("#chat-think")
             page.uncheck("#chat-tools")

@@ -1,6 +1,8 @@
 // Minimal canvas charts: line and scatter, with optional shaded x-ranges. No dependencies.
 // drawChart(canvas, {series: [{name, color, points: [[x, y], ...]}], kind: 'line'|'scatter',
-//                    xTime: bool, yMin, yMax, xLabel, floating: bool, shade: [[x0, x1, color?], ...]})
+//                    xTime: bool, xInteger: bool, yMin, yMax, xLabel, floating: bool,
+//                    shade: [[x0, x1, color?], ...]})
+// A point of a line with no neighbour to join (one second of data, a gap either side) is a dot.
 "use strict";
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
 
@@ -16,9 +18,11 @@ function timeStep(span) {
   return 1800;
 }
 
-function fmt(v) {
+function fmt(v, step) {
+  if (step !== undefined) {          // as many decimals as the tick step needs: 44.5 and 45 stay apart
+    return v.toFixed(Math.max(0, Math.min(3, -Math.floor(Math.log10(step) + 1e-9))));
+  }
   const a = Math.abs(v);
-  if (a >= 1000) return v.toFixed(0);
   if (a >= 10) return v.toFixed(0);
   if (a >= 1) return v.toFixed(1);
   return v.toFixed(2);
@@ -71,12 +75,13 @@ function drawChart(canvas, opt) {
   const ys_ = niceStep(y1 - y0, 4);
   for (let v = Math.ceil(y0 / ys_) * ys_; v <= y1; v += ys_) {
     ctx.beginPath(); ctx.moveTo(pad.l, Y(v)); ctx.lineTo(w - pad.r, Y(v)); ctx.stroke();
-    ctx.fillText(fmt(v), 2, Y(v) + 4);
+    ctx.fillText(fmt(v, ys_), 2, Y(v) + 4);
   }
   // x ticks (whole seconds on time axes, so labels never repeat)
-  const xs_ = opt.xTime ? timeStep(x1 - x0) : niceStep(x1 - x0, 5);
+  let xs_ = opt.xTime ? timeStep(x1 - x0) : niceStep(x1 - x0, 5);
+  if (opt.xInteger) xs_ = Math.max(1, Math.round(xs_));
   for (let v = Math.ceil(x0 / xs_) * xs_; v <= x1; v += xs_) {
-    const label = opt.xTime ? fmtTime(v) : fmt(v);
+    const label = opt.xTime ? fmtTime(v) : fmt(v, xs_);
     ctx.fillText(label, Math.min(X(v) - 14, w - 48), h - 5);
   }
   if (opt.xLabel) ctx.fillText(opt.xLabel, w - pad.r - ctx.measureText(opt.xLabel).width, pad.t - 4);
@@ -90,11 +95,13 @@ function drawChart(canvas, opt) {
     } else {
       ctx.beginPath();
       let pen = false;
-      for (const p of s.points) {
-        if (p[1] === null || !isFinite(p[1])) { pen = false; continue; }
+      const ok = p => p && p[1] !== null && isFinite(p[1]);
+      s.points.forEach((p, j) => {
+        if (!ok(p)) { pen = false; return; }
         if (pen) ctx.lineTo(X(p[0]), Y(p[1])); else ctx.moveTo(X(p[0]), Y(p[1]));
+        if (!pen && !ok(s.points[j + 1])) ctx.fillRect(X(p[0]) - 2, Y(p[1]) - 2, 4, 4);
         pen = true; drawn++;
-      }
+      });
       ctx.stroke();
     }
     // legend along the top

@@ -1,7 +1,9 @@
-// Dashboard: polls /dashboard/stats once a second (only new points), redraws six
-// canvas charts, and runs a chat panel that streams from /v1/chat/completions: the
-// model's reasoning folded above its answer, its tool calls shown as such and, with
-// "board tools" on, run here (a tool reading this board's sensors) and sent back.
+// Dashboard: polls /dashboard/stats once a second (only new points), redraws the canvas
+// charts that mean something here (speculative decoding once drafts are verified, thermal
+// zones and cpufreq only where the board has them), and runs a chat panel that streams from
+// /v1/chat/completions: the model's reasoning folded above its answer, its tool calls shown
+// as such and, with "board tools" on, run here (a tool reading this board's sensors) and sent
+// back. A checkpoint without a chat template gets plain completions (/v1/completions).
 // Text from the model or the server is only ever set with textContent.
 "use strict";
 (function () {
@@ -9,7 +11,7 @@
   const POLL_MS = 1000;
   const state = {
     since: {steps: 0, series: 0, thermal: 0}, steps: [], series: [], thermal: [], drawn: 0, model: null,
-    chat: [], busy: false, sensors: null,
+    chat: [], busy: false, sensors: null, notes: null, speculation: null,
   };
   const $ = id => document.getElementById(id);
 
@@ -18,18 +20,22 @@
     if (arr.length > KEEP) arr.splice(0, arr.length - KEEP);
   }
 
+  // rows: [label, value] or [label, value, hint]; the hint (a setting's help) is the row's tooltip
   function setRows(table, rows) {
     const body = table.tBodies[0];
     body.replaceChildren();
-    for (const [k, v] of rows) {
+    for (const [k, v, hint] of rows) {
       const tr = document.createElement("tr");
       const a = document.createElement("td"), b = document.createElement("td");
       a.textContent = k;
       b.textContent = v === null || v === undefined ? "—" : (typeof v === "object" ? JSON.stringify(v) : String(v));
+      if (hint) tr.title = hint;
       tr.append(a, b);
       body.append(tr);
     }
   }
+
+  function show(id, on) { $(id).hidden = !on; }
 
   function throttledRanges(policyName) {
     const out = [];
@@ -44,30 +50,47 @@
     return out;
   }
 
+  // A chart in a hidden card is not drawn: it has no size to draw at. Each canvas keeps the
+  // number of points it drew (data-points), for tests and for a look in the inspector.
+  function chart(id, opt) {
+    const canvas = $(id);
+    const n = canvas.closest("[hidden]") ? 0 : drawChart(canvas, opt);
+    canvas.dataset.points = String(n);
+    return n;
+  }
+
   function draw() {
     let n = 0;
-    n += drawChart($("chart-decode"), {xTime: true, series: [
-      {name: "ms/token", points: state.steps.map(s => [s.t, s.ms])}]});
-    n += drawChart($("chart-attn"), {kind: "scatter", yMin: 0, yMax: 1, xLabel: "context tokens", series: [
-      {name: "attention share", points: state.steps.map(s => [s.ctx, s.attn])}]});
-    n += drawChart($("chart-tps"), {xTime: true, series: [
+    n += chart("chart-decode", {xTime: true, series: [
+      {name: "ms per step", points: state.steps.map(s => [s.t, s.ms])}]});
+    n += chart("chart-attn", {kind: "scatter", yMin: 0, yMax: 100, xLabel: "context (tokens)", series: [
+      {name: "attention %", points: state.steps.map(s => [s.ctx, 100 * s.attn])}]});
+    n += chart("chart-tps", {xTime: true, series: [
       {name: "tokens/s", points: state.series.map(s => [s.t, s.tokens_per_s])}]});
-    n += drawChart($("chart-queue"), {xTime: true, series: [
+    n += chart("chart-queue", {xTime: true, series: [
       {name: "running", points: state.series.map(s => [s.t, s.running])},
       {name: "waiting", points: state.series.map(s => [s.t, s.waiting])}]});
+    // seconds without drafts are gaps, not 0%: nothing was guessed then
+    n += chart("chart-spec", {xTime: true, yMin: 0, yMax: 100, empty: "no drafts yet", series: [
+      {name: "accepted %", points: state.series.map(s => [s.t,
+        s.spec_drafted ? 100 * s.spec_accepted / s.spec_drafted : null])}]});
+    const positions = (state.speculation && state.speculation.by_position) || [];
+    n += chart("chart-spec-position", {yMin: 0, yMax: 100, xInteger: true, xLabel: "position in the draft",
+      empty: "no drafts yet", series: [{name: "accepted % (since start)",
+        points: positions.filter(p => p.drafted).map(p => [p.position, 100 * p.accepted / p.drafted])}]});
     const zones = new Set(), policies = new Set();
     for (const s of state.thermal) {
       Object.keys(s.zones).forEach(z => zones.add(z));
       Object.keys(s.policies).forEach(p => policies.add(p));
     }
-    n += drawChart($("chart-temp"), {xTime: true, floating: true, empty: "no thermal zones", series: [...zones].map(z => (
+    n += chart("chart-temp", {xTime: true, floating: true, empty: "no thermal zones", series: [...zones].map(z => (
       {name: z.replace(/-thermal$/, ""), points: state.thermal.map(s => [s.t, s.zones[z] ?? null])}))});
     // each policy's throttled periods shaded in its own line colour; the legend says which
     const shade = [], last = state.thermal[state.thermal.length - 1];
     [...policies].forEach((p, i) => {
       for (const [a, b] of throttledRanges(p)) shade.push([a, b, PALETTE[i % PALETTE.length]]);
     });
-    n += drawChart($("chart-freq"), {xTime: true, yMin: 0, shade, empty: "no cpufreq policies",
+    n += chart("chart-freq", {xTime: true, yMin: 0, shade, empty: "no cpufreq policies",
       series: [...policies].map(p => ({
         name: p + (last && last.policies[p] && last.policies[p].throttled ? " (throttled)" : ""),
         points: state.thermal.map(s => {
@@ -84,24 +107,35 @@
     if (d.model && d.model.id) {
       $("model-name").textContent = d.model.id;
       if (!state.model) {
-        setRows($("model-facts"), Object.entries(d.model).filter(([k]) => k !== "generation_defaults")
-          .concat([["generation defaults", d.model.generation_defaults]]));
+        setRows($("model-facts"), (d.rows && d.rows.model) || []);
         state.model = d.model;
+        setNotes(d.model_notes || {});
       }
     }
     if (d.error) setRows($("model-facts"), [["error", d.error]]);
-    setRows($("settings-facts"), Object.entries(d.settings || {}));
+    setRows($("settings-facts"), (d.rows && d.rows.settings) || []);
+    showSpeculation(d);
     const q = d.queue || {};
     const pc = q.prefix_cache;   // prefix cache: share of prompt tokens served from cached KV blocks
-    $("queue-now").textContent = `${q.running || 0} running, ${q.waiting || 0} waiting, KV ${q.kv_blocks_used || 0}/${q.kv_blocks_total || 0} blocks` +
-      (pc ? `, prefix cache hits ${(100 * pc.hit_ratio).toFixed(0)}% of ${pc.query_tokens} prompt tokens` : "");
+    $("queue-now").textContent = `${q.running || 0} running, ${q.waiting || 0} waiting; ` +
+      `KV blocks ${q.kv_blocks_used || 0} of ${q.kv_blocks_total || 0} in use` +
+      (pc && pc.query_tokens ? `; prefix cache served ${(100 * pc.hit_ratio).toFixed(0)}% of ` +
+        `${pc.query_tokens.toLocaleString("en")} prompt tokens` : "");
     const last = state.steps[state.steps.length - 1];
-    $("decode-now").textContent = last ? `${last.ms.toFixed(1)} ms @ batch ${last.batch}, ctx ${last.ctx}` : "";
+    $("decode-now").textContent = last ? `${last.ms.toFixed(1)} ms, ${last.batch} sequence${last.batch > 1 ? "s" : ""}, ` +
+      `context ${last.ctx.toLocaleString("en")} tokens` : "";
     const lastSec = state.series[state.series.length - 1];
-    $("tps-now").textContent = lastSec ? `${lastSec.tokens_per_s} tok/s` : "";
+    $("tps-now").textContent = lastSec ? `${lastSec.tokens_per_s} tokens/s` : "";
     const th = d.thermal, badge = $("throttle");
     state.sensors = th;
-    if (th) {
+    // null: not sampled yet; empty lists: a machine without sensors (a VM, a laptop's container)
+    const zones = th ? th.zones.length > 0 : false, policies = th ? th.policies.length > 0 : false;
+    show("card-temp", zones);
+    show("card-freq", policies);
+    show("thermal-section", zones || policies);
+    show("throttle", zones || policies);
+    show("thermal-none", th !== null && !zones && !policies);
+    if (zones || policies) {
       badge.textContent = th.throttled ? "THROTTLED" : "not throttled";
       badge.className = "badge " + (th.throttled ? "bad" : "ok");
       const rows = th.zones.map(z => [z.zone, z.temp_c === null ? "unknown" : z.temp_c.toFixed(1) + " °C"]);
@@ -136,38 +170,46 @@
   }
 
   // ---- speculative decoding ------------------------------------------------------
-  // The share of drafted tokens the model accepted, beside tokens/s: from /metrics' counters
-  // (appliance_spec_*), read every few seconds; the rate is over the last interval with drafts.
-  const SPEC_POLL_MS = 5000;
-  const spec = {drafted: null, accepted: null};
+  // Shown once the server speculates by default or has verified a draft: the share of drafted
+  // tokens accepted over the last seconds with drafts and since the start, per second and per
+  // position in the draft (a position is reached only when the ones before it were accepted).
+  const SPEC_WINDOW_S = 10;
 
-  async function pollSpeculation() {
-    try {
-      const text = await (await fetch("/metrics", {cache: "no-store"})).text();
-      const read = name => {
-        const m = text.match(new RegExp(`^${name} ([0-9.eE+-]+)$`, "m"));
-        return m ? Number(m[1]) : null;
-      };
-      const drafted = read("appliance_spec_draft_tokens_total");
-      const accepted = read("appliance_spec_accepted_tokens_total");
-      let el = $("spec-now");
-      if (!el && drafted) {
-        el = document.createElement("span");
-        el.id = "spec-now";
-        el.className = "now";
-        $("tps-now").after(el);
-      }
-      if (el && spec.drafted !== null && drafted > spec.drafted) {
-        const rate = (accepted - spec.accepted) / (drafted - spec.drafted);
-        el.textContent = `drafts accepted ${(100 * rate).toFixed(0)}% (${(100 * accepted / drafted).toFixed(0)}% ` +
-          `of ${drafted} overall)`;
-      }
-      spec.drafted = drafted;
-      spec.accepted = accepted;
-    } catch (e) {
-      // no metrics: nothing to show
+  function showSpeculation(d) {
+    const sp = d.speculation;
+    if (!sp) return;
+    state.speculation = sp;
+    const on = !!(d.settings && d.settings.spec_prompt_lookup);
+    show("card-spec", on || sp.draft_tokens > 0);
+    show("card-spec-position", sp.draft_tokens > 0);
+    if (!sp.draft_tokens) {
+      $("spec-now").textContent = on ? `on, up to ${d.settings.spec_prompt_lookup} tokens per step; no drafts yet` : "";
+      return;
     }
-    setTimeout(pollSpeculation, SPEC_POLL_MS);
+    const recent = state.series.filter(s => s.spec_drafted).slice(-SPEC_WINDOW_S);
+    const drafted = recent.reduce((a, s) => a + s.spec_drafted, 0);
+    const accepted = recent.reduce((a, s) => a + s.spec_accepted, 0);
+    const overall = 100 * sp.accepted_tokens / sp.draft_tokens;
+    const rate = drafted ? 100 * accepted / drafted : overall;
+    $("spec-now").textContent = `drafts accepted ${rate.toFixed(0)}% (${overall.toFixed(0)}% ` +
+      `of ${sp.draft_tokens} overall)`;
+  }
+
+  // What the chat panel adapts to: the demo model's note, plain completions without a template.
+  function setNotes(notes) {
+    state.notes = notes;
+    show("demo-note", !!notes.demo);
+    const plain = notes.chat_template === false;
+    $("chat-mode").querySelector("option[value=chat]").disabled = plain;
+    show("mode-note", plain);
+    if (plain) setMode("completion");
+  }
+
+  function setMode(mode) {
+    $("chat-mode").value = mode;
+    document.body.dataset.mode = mode;
+    for (const el of document.querySelectorAll(".chat-only")) el.hidden = mode !== "chat";
+    $("chat-input").placeholder = mode === "chat" ? "Ask something" : "Text for the model to continue";
   }
 
   // ---- chat ------------------------------------------------------------------
@@ -201,10 +243,20 @@
     body.className = "text";
     body.textContent = text;
     div.append(who, body);
-    $("chat-log").append(div);
-    $("chat-log").scrollTop = $("chat-log").scrollHeight;
+    const log = $("chat-log");
+    const follow = atBottom();
+    log.append(div);
+    if (follow || role === "user") scrollDown();
     return body;
   }
+
+  // The log follows the newest line unless the reader has scrolled up to read an older one.
+  function atBottom() {
+    const log = $("chat-log");
+    return log.scrollHeight - log.scrollTop - log.clientHeight < 24;
+  }
+  function scrollDown() { const log = $("chat-log"); log.scrollTop = log.scrollHeight; }
+  function grew(update) { const follow = atBottom(); update(); if (follow) scrollDown(); }
   window.applianceAddMessage = addMessage;   // used by the browser test to check escaping
 
   // An assistant turn: its reasoning folded (opened while it streams), the answer, its tool calls.
@@ -235,14 +287,17 @@
     }));
   }
 
-  // One streamed completion into one reply view; resolves to what the model said.
-  async function stream(view, headers) {
+  // One streamed reply into one reply view; resolves to what the model said. With a prompt,
+  // a plain completion of it; without, the chat so far through the model's template.
+  async function stream(view, headers, prompt) {
+    const common = {model: state.model ? state.model.id : undefined, stream: true,
+      max_tokens: parseInt($("chat-max").value, 10) || 128, stream_options: {include_usage: true}};
     const withTools = $("chat-tools").checked;
-    const resp = await fetch("/v1/chat/completions", {method: "POST", headers, body: JSON.stringify({
-      model: state.model ? state.model.id : undefined, messages: state.chat, stream: true,
-      max_tokens: parseInt($("chat-max").value, 10) || 128, stream_options: {include_usage: true},
-      chat_template_kwargs: {enable_thinking: $("chat-think").checked},
-      ...(withTools ? {tools: [BOARD_TOOL]} : {})})});
+    const [url, body] = prompt !== undefined ? ["/v1/completions", {...common, prompt}]
+      : ["/v1/chat/completions", {...common, messages: state.chat,
+        chat_template_kwargs: {enable_thinking: $("chat-think").checked},
+        ...(withTools ? {tools: [BOARD_TOOL]} : {})}];
+    const resp = await fetch(url, {method: "POST", headers, body: JSON.stringify(body)});
     if (!resp.ok) {
       const err = await resp.json().catch(() => ({error: {message: resp.statusText}}));
       throw new Error(`${resp.status}: ${err.error ? err.error.message : resp.statusText}`);
@@ -266,26 +321,25 @@
           if (obj.error) throw new Error(obj.error.message);
           if (obj.usage) out.usage = obj.usage;
           for (const c of obj.choices || []) {
-            const d = c.delta || {};
+            const d = c.delta || (c.text ? {content: c.text} : {});     // a completion's chunk: text
             if (d.content || d.reasoning_content || d.tool_calls) {
               if (out.first === null) out.first = performance.now();
               out.chunks++;
             }
             if (d.reasoning_content) {
               out.reasoning += d.reasoning_content;
-              view.fold.hidden = false;
-              view.thought.textContent = out.reasoning;
+              grew(() => { view.fold.hidden = false; view.thought.textContent = out.reasoning; });
             }
             if (d.content) {
               out.content += d.content;
-              view.text.textContent = out.content;
+              grew(() => { view.text.textContent = out.content; });
             }
             for (const t of d.tool_calls || []) {      // OpenAI's deltas: id and name first, then arguments
               const call = out.calls[t.index] || (out.calls[t.index] = {id: "", name: "", arguments: ""});
               if (t.id) call.id = t.id;
               if (t.function && t.function.name) call.name += t.function.name;
               if (t.function && t.function.arguments) call.arguments += t.function.arguments;
-              showCalls(view, out.calls);
+              grew(() => showCalls(view, out.calls));
             }
             if (c.finish_reason) out.finish = c.finish_reason;
           }
@@ -305,7 +359,7 @@
     $("chat-send").disabled = true;
     document.body.dataset.chat = "streaming";
     // An attached image goes inline as a data: URL part before the text (vision models only).
-    const file = $("chat-image").files[0];
+    const file = $("chat-mode").value === "chat" ? $("chat-image").files[0] : undefined;
     const image = file ? await new Promise((resolve, reject) => {
       const reader = new FileReader();
       reader.onload = () => resolve(reader.result);
@@ -313,8 +367,9 @@
       reader.readAsDataURL(file);
     }) : null;
     addMessage("user", image ? `[image: ${file.name}] ${text}` : text);
+    const plain = $("chat-mode").value === "completion";
     const turnStart = state.chat.length;
-    state.chat.push({role: "user", content: image
+    if (!plain) state.chat.push({role: "user", content: image
       ? [{type: "image_url", image_url: {url: image}}, {type: "text", text}] : text});
     $("chat-input").value = "";
     $("chat-image").value = "";
@@ -325,11 +380,18 @@
     let chunks = 0, tokens = 0, toolCalls = 0, reasoning = 0, first = null, last = null;
     try {
       for (let round = 0; ; round++) {
-        last = await stream(addReply(), headers);
+        const view = addReply();
+        try {
+          last = await stream(view, headers, plain ? text : undefined);
+        } catch (e) {
+          if (!view.text.textContent && !view.thought.textContent) view.text.parentElement.remove();
+          throw e;
+        }
         chunks += last.chunks;
         tokens += last.usage ? last.usage.completion_tokens : last.chunks;
         reasoning += last.reasoning.length;
         if (first === null) first = last.first;
+        if (plain) break;                              // a completion: no history, no tools
         const msg = {role: "assistant", content: last.content || null};
         if (last.reasoning) msg.reasoning_content = last.reasoning;
         if (last.calls.length) msg.tool_calls = last.calls.map(c => (
@@ -346,6 +408,7 @@
       }
       const secs = (performance.now() - t0) / 1000;
       $("chat-stats").textContent = `${tokens} tokens in ${secs.toFixed(2)} s` +
+        (secs > 0 ? ` (${(tokens / secs).toFixed(1)} tokens/s)` : "") +
         (first !== null ? `, first token after ${((first - t0) / 1000).toFixed(2)} s` : "") +
         (toolCalls ? `, ${toolCalls} tool call${toolCalls > 1 ? "s" : ""}` : "") +
         (last && last.finish ? `, finish: ${last.finish}` : "");
@@ -368,6 +431,7 @@
   $("chat-input").addEventListener("keydown", e => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("chat-form").requestSubmit(); }
   });
+  $("chat-mode").addEventListener("change", () => setMode($("chat-mode").value));
+  setMode($("chat-mode").value);
   poll();
-  pollSpeculation();
 })();
