@@ -37,7 +37,7 @@ ZONES = {
                  "center-thermal", "gpu-thermal", "npu-thermal"],
 }
 ZONE_POLICY = {"bigcore0-thermal": 4, "bigcore1-thermal": 6, "bigcore2-thermal": 6, "littlecore-thermal": 0}
-IDLE_MILLIDEG = 45000
+IDLE_MILLIDEG = 41200            # zone i idles at this + i degrees: a mixed-up zone shows
 HOT_TRIP_MILLIDEG = 90000        # above the passive trip (85 C)
 WARM_MILLIDEG = 84000            # a busy, throttled board just under its passive trip
 PASSIVE_TRIP_MILLIDEG = 85000
@@ -63,6 +63,10 @@ def _zone_dir(root, index: int) -> str:
 def _policy_dir(root, policy) -> str:
     name = policy if str(policy).startswith("policy") else f"policy{policy}"
     return os.path.join(root, "devices", "system", "cpu", "cpufreq", name)
+
+
+def idle_millideg(index: int) -> int:
+    return IDLE_MILLIDEG + 1000 * index
 
 
 def make_tree(root, layout: str = "vendor", *, governor: str = "schedutil", throttled: bool = False,
@@ -92,7 +96,7 @@ def make_tree(root, layout: str = "vendor", *, governor: str = "schedutil", thro
             if not os.path.islink(link):
                 os.symlink(f"../cpufreq/policy{policy}", link)
     for index, name in enumerate(ZONES[layout]):
-        millideg = WARM_MILLIDEG if throttled else IDLE_MILLIDEG
+        millideg = WARM_MILLIDEG if throttled else idle_millideg(index)
         if hot_trip and name == "bigcore0-thermal":
             millideg = HOT_TRIP_MILLIDEG
         if temps and name in temps:
@@ -120,12 +124,12 @@ def set_freq(root, policy, cur_khz: int, max_khz: int | None = None) -> None:
         write(os.path.join(p, "scaling_max_freq"), max_khz)
 
 
-def set_zone(root, zone: str, millideg: int, throttle: bool) -> None:
-    """Set a zone's temperature; `throttle` lowers (or restores) the cluster it cools."""
+def set_zone(root, zone: str, millideg: int | None, throttle: bool) -> None:
+    """Set a zone's temperature (None: its idle one); `throttle` lowers (or restores) the cluster it cools."""
     names = [z for z in os.listdir(os.path.join(root, "class", "thermal"))]
     index = next(int(d[len("thermal_zone"):]) for d in names
                  if open(os.path.join(root, "class", "thermal", d, "type")).read().strip() == zone)
-    write(os.path.join(_zone_dir(root, index), "temp"), millideg)
+    write(os.path.join(_zone_dir(root, index), "temp"), idle_millideg(index) if millideg is None else millideg)
     policy = ZONE_POLICY.get(zone)
     if policy is not None:
         khz = THROTTLED_KHZ if throttle else _hw_max(policy)
@@ -146,7 +150,7 @@ def main() -> None:
     elif a.action == "heat":
         set_zone(a.root, a.zone, int(a.celsius * 1000), throttle=True)
     else:
-        set_zone(a.root, a.zone, IDLE_MILLIDEG, throttle=False)
+        set_zone(a.root, a.zone, None, throttle=False)
 
 
 if __name__ == "__main__":
