@@ -25,7 +25,7 @@ KERNEL_SOURCES := setup.py $(wildcard kernels/*.c kernels/*.h kernels/*.pyx kern
 .PHONY: run test test-python test-fast build setup system-deps clean bench
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV)
 
 $(RUN_STAMP): | $(PY)
 	@echo "setting up $(VENV): build tools"
