@@ -99,8 +99,12 @@ def filler_text() -> str:
     return "\n\n".join(topics[k] for k in held_out_topics())
 
 
+REPLY_SLACK = 4          # tokens a reply may take past the expected one
+RETOKENIZE_MARGIN = 8
+
+
 def needle_cases(tokenizer, context: int, trials: int, seed: int = 0) -> list[dict]:
-    """Prompts of about `context` tokens: per trial one haystack with a fact at every depth,
+    """Prompts that fit, with their replies, in `context` tokens: per trial one haystack with a fact at every depth,
     asked about each fact in turn (the others are distractors).
 
     tokenizer: anything with encode, decode and apply_chat_template (appliance's Tokenizer).
@@ -111,9 +115,13 @@ def needle_cases(tokenizer, context: int, trials: int, seed: int = 0) -> list[di
     for trial in range(trials):
         rng = random.Random(f"{seed}-{context}-{trial}")
         facts = make_facts(rng, len(DEPTHS))
-        # Tokens of everything but the filler (template, facts, the longest question), plus answer room.
+        # Tokens of everything but the filler (template, facts, the longest question), the longest
+        # reply, and a margin for the filler re-tokenizing differently once facts sit inside it: a
+        # case's prompt and reply fit in `context` tokens, a model's whole trained context.
+        reply_room = max(len(tokenizer.encode(f["reply"])) + REPLY_SLACK for f in facts)
         overhead = max(len(tokenizer.encode(tokenizer.apply_chat_template(
-            needle_messages(plant("", facts, DEPTHS), f["question"]), **TEMPLATE_KWARGS))) for f in facts) + 8
+            needle_messages(plant("", facts, DEPTHS), f["question"]), **TEMPLATE_KWARGS))) for f in facts)
+        overhead += reply_room + RETOKENIZE_MARGIN
         n = max(0, context - overhead)
         start = rng.randrange(len(filler))
         window = (filler[start:] + filler * (1 + n // len(filler)))[:n]
@@ -122,7 +130,7 @@ def needle_cases(tokenizer, context: int, trials: int, seed: int = 0) -> list[di
             ids = tokenizer.encode(tokenizer.apply_chat_template(needle_messages(haystack, f["question"]),
                                                                  **TEMPLATE_KWARGS))
             cases.append({"ids": ids, "answer": f["answer"], "depth": depth, "trial": trial,
-                          "max_tokens": len(tokenizer.encode(f["reply"])) + 4})
+                          "max_tokens": len(tokenizer.encode(f["reply"])) + REPLY_SLACK})
     return cases
 
 
@@ -171,7 +179,7 @@ def _sparse_facts(args) -> dict:
 # ---- needle ----------------------------------------------------------------------------------
 def run_needle(args) -> dict:
     rows = []
-    for attention, k, engine in _engines(args, max(args.context) + 64):
+    for attention, k, engine in _engines(args, max(args.context)):
         for context in args.context:
             cases = needle_cases(engine.tokenizer, context, args.trials, args.seed)
             hits = {d: [] for d in DEPTHS}
