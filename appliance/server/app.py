@@ -49,8 +49,9 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.extensions["appliance"] = runtime
     register_error_handlers(app)
 
-    from appliance.server import dashboard, openai_api, ops, retrieval_api
+    from appliance.server import dashboard, openai_api, openapi, ops, retrieval_api
     app.register_blueprint(ops.bp)
+    app.register_blueprint(openapi.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(retrieval_api.bp)
     app.register_blueprint(dashboard.bp)

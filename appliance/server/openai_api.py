@@ -18,6 +18,7 @@ import time
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from appliance.server import chat
+from appliance.server.access_log import USAGE_KEY
 from appliance.server.reply import Reply
 from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
@@ -29,6 +30,8 @@ log = logging.getLogger("appliance.server")
 
 POLL_S = 0.25          # how often a waiting HTTP thread checks that its client is still there
 KEEPALIVE_S = 15.0     # an SSE comment after this long without a token keeps proxies from timing out
+SESSION_HEADER = "X-Session-Id"
+MAX_SESSION_CHARS = 128
 
 
 def runtime():
@@ -78,8 +81,9 @@ def _authorize_and_check_ready():
 # ---- models, tokenizer --------------------------------------------------------
 
 def _model_card(rt, name: str) -> dict:
+    from appliance.server.retrieval_api import serving_task
     return {"id": name, "object": "model", "created": int(rt.started), "owned_by": "appliance",
-            "root": rt.engine.model_name, "max_model_len": rt.engine.max_context}
+            "root": rt.engine.model_name, "max_model_len": rt.engine.max_context, "task": serving_task(rt)}
 
 
 @bp.get("/v1/models")
@@ -176,7 +180,7 @@ class ClientWatch:
 def _submit(gen: GenerationRequest):
     rt = runtime()
     try:
-        return rt.scheduler.submit(gen.prompt_ids, gen.params, images=gen.images)
+        return rt.scheduler.submit(gen.prompt_ids, gen.params, images=gen.images, session=session_key())
     except QueueFullError as e:
         rt.metrics.count("rejected")
         raise APIError(f"{e}; retry later", 503, code="queue_full",
@@ -186,13 +190,30 @@ def _submit(gen: GenerationRequest):
         raise APIError(str(e), 503, code="shutting_down", headers={"Retry-After": str(e.retry_after)}) from None
 
 
+def session_key() -> str | None:
+    """The conversation a request belongs to: its X-Session-Id."""
+    value = request.headers.get(SESSION_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_SESSION_CHARS or not value.isprintable():
+        raise APIError(f"{SESSION_HEADER}: expected 1-{MAX_SESSION_CHARS} printable characters", param=SESSION_HEADER,
+                       code="invalid_value")
+    return value
+
+
+def record_usage(environ, fin: Finished) -> None:
+    """The request's token counts, for its access log line."""
+    environ[USAGE_KEY] = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens}
+
+
 def _generate(gen: GenerationRequest):
     rt = runtime()
     req = _submit(gen)
     reply = Reply(gen, rt.engine.tokenizer, rt.info)
     watch = ClientWatch(request.environ)
     if gen.stream:
-        return Response(_stream(rt, req, reply, watch), mimetype="text/event-stream",
+        return Response(_stream(rt, req, reply, watch, request.environ), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         while True:
@@ -207,6 +228,7 @@ def _generate(gen: GenerationRequest):
             reply.add(ev)
     finally:
         rt.scheduler.cancel(req)          # no-op once finished
+    record_usage(request.environ, ev)
     if ev.outcome not in ("stop", "length"):
         raise _failure(ev)
     body = reply.body(ev)
@@ -237,7 +259,7 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _stream(rt, req, reply: Reply, watch: ClientWatch):
+def _stream(rt, req, reply: Reply, watch: ClientWatch, environ: dict):
     """Server-sent events; the finally clause cancels the request if the client left early."""
     try:
         first = reply.first_chunk()
@@ -254,6 +276,7 @@ def _stream(rt, req, reply: Reply, watch: ClientWatch):
                     yield ": keep-alive\n\n"
                 continue
             if isinstance(ev, Finished):
+                record_usage(environ, ev)
                 if ev.outcome in ("stop", "length"):
                     for chunk in reply.finish_chunks(ev):
                         yield _sse(chunk)

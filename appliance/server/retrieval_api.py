@@ -20,18 +20,17 @@ from flask import Blueprint, current_app, jsonify, request
 
 from appliance.config import TASKS
 from appliance.engine.encoder import InputTooLongError, encode_inputs
+from appliance.server.access_log import USAGE_KEY
 from appliance.server.chat import bad, kind
 from appliance.server.errors import APIError
 from appliance.server.openai_api import POLL_S, ClientWatch, _authorize_and_check_ready, _failure, runtime, serving
 from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
-from appliance.server.validation import check_model, get_bool, get_int, read_json_body
+from appliance.server.request_fields import EMBEDDINGS, ENCODING_FORMATS, MAX_DOCUMENTS, MAX_INPUTS, RERANK, ServedFacts
+from appliance.server.validation import check_model, read_json_body
 
 bp = Blueprint("retrieval", __name__)
 bp.before_request(_authorize_and_check_ready)
 
-MAX_INPUTS = 2048          # per /v1/embeddings request, as OpenAI's API
-MAX_DOCUMENTS = 1000       # per /v1/rerank request, as Cohere's
-ENCODING_FORMATS = ("float", "base64")
 # Which task each endpoint needs (endpoints not listed, like /tokenize, serve every task).
 ENDPOINT_TASKS = {"openai.chat_completions": "chat", "openai.completions": "chat",
                   "retrieval.embeddings": "embed", "retrieval.rerank": "rerank"}
@@ -84,10 +83,11 @@ def embeddings():
     elif fmt not in ENCODING_FORMATS:
         raise bad("encoding_format", f"expected one of {', '.join(ENCODING_FORMATS)}, got {fmt!r}",
                   "invalid_value" if isinstance(fmt, str) else "invalid_type")
-    dimensions = get_int(body, "dimensions", 1, rt.engine.embedding_size)
+    dimensions = EMBEDDINGS["dimensions"].read(body, facts=ServedFacts(embedding_size=rt.engine.embedding_size))
     _optional_string(body, "user")
     vectors = _run_job(rt, lambda engine, stop: engine.embed(sequences, dimensions, stop), sequences)
     n = sum(map(len, sequences))
+    request.environ[USAGE_KEY] = {"prompt_tokens": n}
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, fmt)} for i, v in enumerate(vectors)]
     return jsonify({"object": "list", "data": data, "model": model,
                     "usage": {"prompt_tokens": n, "total_tokens": n}})
@@ -145,9 +145,8 @@ def rerank():
         raise bad("query", "is required (a non-empty string)", "missing_required_parameter" if query is None
                   else "invalid_value")
     documents = _documents(body)
-    top_n = get_int(body, "top_n", 0, None) or len(documents)
-    # return_documents is Jina's and Cohere's name, return_text llama.cpp's
-    return_documents = get_bool(body, "return_documents", get_bool(body, "return_text", True))
+    top_n = RERANK["top_n"].read(body) or len(documents)
+    return_documents = RERANK["return_documents"].read(body, RERANK["return_text"].read(body, True))
     instruction = _optional_string(body, "instruction")
     try:
         prompt = rt.engine.rerank_prompt()
@@ -159,6 +158,7 @@ def rerank():
     results = [{"index": i, "relevance_score": scores[i],
                 **({"document": {"text": documents[i]}} if return_documents else {})} for i in order]
     n = sum(map(len, sequences))
+    request.environ[USAGE_KEY] = {"prompt_tokens": n}
     return jsonify({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": model,
                     "usage": {"prompt_tokens": n, "total_tokens": n}, "results": results})
 

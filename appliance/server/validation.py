@@ -7,23 +7,19 @@ Chat messages, tools and the template are chat.py's.
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-from flask import request
 
 from appliance.server import chat, structured
 from appliance.server.chat import ToolChoice
 from appliance.server import speculative_params
 from appliance.server.errors import APIError
+from appliance.server.json_body import read_json_body  # noqa: F401  (the endpoints' one reader)
+from appliance.server.request_fields import (CHAT, COMPLETION, GENERATION, MAX_LOGIT_BIAS, MAX_STOP,
+                                             MAX_STOP_TOKEN_IDS, get_bool)
 
-MAX_STOP = 4
-MAX_LOGIT_BIAS = 1024            # entries; OpenAI allows 300, llama.cpp and vLLM any
-MAX_STOP_TOKEN_IDS = 64
-MAX_TOP_LOGPROBS_CHAT = 20
-MAX_LOGPROBS_COMPLETION = 5
 MAX_IMAGES = 8                   # image parts per chat request
 _MISSING = object()
 
@@ -65,64 +61,7 @@ class ServingDefaults:
                    speculative=speculative_params.server_default(settings))
 
 
-def read_json_body() -> dict:
-    """The body as a JSON object (any Content-Type: curl -d sends form encoding)."""
-    raw = request.get_data(cache=True)       # 413 past MAX_CONTENT_LENGTH
-    if not raw.strip():
-        raise APIError("the request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise APIError("the request body is not UTF-8", code="invalid_json") from None
-    except ValueError as e:
-        raise APIError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(f"the request body must be a JSON object, not {_kind(body)}", code="invalid_json")
-    return body
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed")
-
-
 _kind, _bad = chat.kind, chat.bad
-
-
-def get_bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if not isinstance(v, bool):
-        raise _bad(name, f"expected a boolean, got {_kind(v)}", "invalid_type")
-    return v
-
-
-def get_int(body: dict, name: str, lo: int | None, hi: int | None, default: Any = None) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise _bad(name, f"expected an integer, got {_kind(v)}", "invalid_type")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _bad(name, f"{v} is out of range [{'' if lo is None else lo}, {'' if hi is None else hi}]")
-    return v
-
-
-def get_float(body: dict, name: str, lo: float, hi: float, default: Any = None,
-              lo_open: bool = False) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _bad(name, f"expected a number, got {_kind(v)}", "invalid_type")
-    v = float(v)
-    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
-        left = "(" if lo_open else "["
-        raise _bad(name, f"{v:g} is out of range {left}{lo:g}, {hi:g}]")
-    return v
 
 
 def get_stop(body: dict) -> tuple[str, ...]:
@@ -186,13 +125,45 @@ def prepare_images(refs: list[tuple[str, str]], engine, policy) -> list:
     return out
 
 
-def check_fits(n_prompt: int, max_context: int, param: str) -> None:
-    if n_prompt + 1 > max_context:
-        raise APIError(f"the prompt is {n_prompt} tokens long but the model's context is {max_context} tokens "
+def prompt_limit(engine) -> tuple[int, str]:
+    """How many tokens a prompt and its answer can hold together, and what sets it. The
+    context: the KV pool is never smaller (the engine refuses to load with one that is)."""
+    return engine.max_context, f"the model's context is {engine.max_context} tokens"
+
+
+def check_fits(n_prompt: int, engine, param: str) -> None:
+    limit, what = prompt_limit(engine)
+    if n_prompt + 1 > limit:
+        raise APIError(f"the prompt is {n_prompt} tokens long but {what} "
                        f"(room is needed for at least one generated token)", param=param,
                        code="context_length_exceeded")
     if n_prompt == 0:
         raise APIError(f"{param}: the prompt is empty", param=param, code="invalid_value")
+
+
+# Normalization (NFC composes, some strip accents) can shorten a text before it is split: the
+# bound below allows for it, so only a text that cannot fit whatever it says is refused untokenized.
+NORMALIZATION_SLACK = 4
+
+
+def check_text_could_fit(n_chars: int, engine, param: str) -> None:
+    """Refuse a prompt too long to fit before tokenizing it (a 50 MB prompt would hold the
+    interpreter for seconds just to be refused): no token decodes to more characters than the
+    vocabulary's longest, so the prompt has at least n_chars / longest tokens."""
+    limit, what = prompt_limit(engine)
+    longest = longest_token_chars(engine.tokenizer)
+    at_least = n_chars // (longest * NORMALIZATION_SLACK)
+    if at_least + 1 > limit:
+        raise APIError(f"the prompt is {n_chars} characters long, at least {at_least} tokens, but {what}",
+                       param=param, code="context_length_exceeded")
+
+
+@functools.lru_cache(maxsize=4)
+def longest_token_chars(tokenizer) -> int:
+    """Characters of the vocabulary's longest token (byte-level tokens: one character per byte,
+    at least as many as the text it decodes to)."""
+    pieces = (tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size))
+    return max(1, max((len(p) for p in pieces if p), default=1))
 
 
 def _vocab(engine) -> int:
@@ -247,44 +218,38 @@ def sampling_params(body: dict, engine, n_prompt: int, logprobs: int | None,
     from appliance.engine.sampling import SamplingParams
 
     defaults = dict(engine.generation_defaults or {})
-    room = engine.max_context - n_prompt
-    max_tokens = get_int(body, "max_tokens", 1, None)
-    if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
-        max_tokens = get_int(body, "max_completion_tokens", 1, None)
-    n = get_int(body, "n", 1, None, 1)
-    if n != 1:
-        raise _bad("n", f"only n=1 is supported, got {n}")
-    best_of = get_int(body, "best_of", 1, None, 1)
-    if best_of != 1:
-        raise _bad("best_of", f"only best_of=1 is supported, got {best_of}")
-    top_k = get_int(body, "top_k", -1, None, defaults.get("top_k", 0))
-    seed = get_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
+    room = prompt_limit(engine)[0] - n_prompt
+    f = GENERATION
+    max_tokens = f["max_completion_tokens"].read(body, f["max_tokens"].read(body))
+    f["n"].read(body)
+    f["best_of"].read(body)
+    top_k = f["top_k"].read(body, defaults.get("top_k", 0))
+    seed = f["seed"].read(body)
     if seed is not None and seed < 0:
         seed = None                                   # some clients send -1 for "random"
     vocab = _vocab(engine)
     max_tokens = min(max_tokens or default_max_tokens or room, room)
-    min_tokens = get_int(body, "min_tokens", 0, None, 0)
+    min_tokens = f["min_tokens"].read(body, 0)
     if min_tokens > max_tokens:
         if "max_tokens" in body or "max_completion_tokens" in body:
             raise _bad("min_tokens", f"{min_tokens} is more than max_tokens ({max_tokens})")
         min_tokens = max_tokens                   # the context has less room than asked for
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=get_float(body, "temperature", 0.0, 2.0, defaults.get("temperature", 1.0)),
-        top_p=get_float(body, "top_p", 0.0, 1.0, defaults.get("top_p", 1.0), lo_open=True),
+        temperature=f["temperature"].read(body, defaults.get("temperature", 1.0)),
+        top_p=f["top_p"].read(body, defaults.get("top_p", 1.0)),
         top_k=max(0, top_k),
-        min_p=get_float(body, "min_p", 0.0, 1.0, defaults.get("min_p", 0.0)),
-        repetition_penalty=get_float(body, "repetition_penalty", 0.0, 10.0,
-                                     defaults.get("repetition_penalty", 1.0), lo_open=True),
-        presence_penalty=get_float(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=get_float(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        min_p=f["min_p"].read(body, defaults.get("min_p", 0.0)),
+        repetition_penalty=f["repetition_penalty"].read(body, defaults.get("repetition_penalty", 1.0)),
+        presence_penalty=f["presence_penalty"].read(body, 0.0),
+        frequency_penalty=f["frequency_penalty"].read(body, 0.0),
         logit_bias=get_logit_bias(body, vocab),
         min_tokens=min_tokens,
         stop_token_ids=get_token_ids(body, "stop_token_ids", vocab, MAX_STOP_TOKEN_IDS),
         seed=seed,
         stop=list(get_stop(body)),
         logprobs=logprobs,
-        ignore_eos=get_bool(body, "ignore_eos", False),
+        ignore_eos=f["ignore_eos"].read(body, False),
         **engine_side,
     )
 
@@ -305,29 +270,30 @@ def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults |
     model = check_model(body, serving.model_names)
     image_refs: list[tuple[str, str]] = []
     messages = chat.parse_messages(body, image_refs)
-    stream = get_bool(body, "stream", False)
+    stream = CHAT["stream"].read(body, False)
     include_usage = stream_options(body, stream)
-    want_logprobs = get_bool(body, "logprobs", False)
-    top = get_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT)
+    want_logprobs = CHAT["logprobs"].read(body, False)
+    top = CHAT["top_logprobs"].read(body)
     if top is not None and not want_logprobs:
         raise _bad("top_logprobs", "requires logprobs to be true")
     tools = chat.parse_tools(body)
     choice = chat.parse_tool_choice(body, tools)
-    parallel = get_bool(body, "parallel_tool_calls", True)
+    parallel = CHAT["parallel_tool_calls"].read(body, True)
     offered = tools if tools and choice.mode != "none" else None      # "none" hides the tools
     grammar = structured.chat_grammar(body, engine.tokenizer, offered, choice, parallel)
     kwargs = chat.template_kwargs(body, serving.chat_template_kwargs)
     images = prepare_images(image_refs, engine, image_policy)
     text = chat.render(engine, messages, offered, kwargs)
+    check_text_could_fit(len(text), engine, "messages")
     prompt_ids = engine.tokenizer.encode(text)
     if images:
         try:
             prompt_ids = engine.expand_image_tokens(prompt_ids, images)
         except ValueError as e:          # the template dropped or repeated image placeholders
             raise APIError(f"messages: {e}", param="messages", code="invalid_messages") from None
-    check_fits(len(prompt_ids), engine.max_context, "messages")
+    check_fits(len(prompt_ids), engine, "messages")
     thinking = chat.thought_state(engine, messages, offered, kwargs, text)
-    budget = get_int(body, "max_thinking_tokens", 0, None)
+    budget = CHAT["max_thinking_tokens"].read(body)
     if budget is not None and engine.tokenizer.think_token_ids is None:
         raise _bad("max_thinking_tokens", f"the model {engine.model_name!r} does not think in <think> tags")
     if budget is None:
@@ -359,6 +325,7 @@ def completion_prompt(body: dict, engine) -> list[int]:
     if isinstance(p, str):
         if not p:
             raise _bad("prompt", "must not be empty")
+        check_text_could_fit(len(p), engine, "prompt")
         return engine.tokenizer.encode(p)
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         vocab = _vocab(engine)
@@ -374,14 +341,14 @@ def completion_prompt(body: dict, engine) -> list[int]:
 def parse_completion(body: dict, engine, serving: ServingDefaults | None = None) -> GenerationRequest:
     model = check_model(body, serving.model_names if serving else engine.model_name)
     prompt_ids = completion_prompt(body, engine)
-    stream = get_bool(body, "stream", False)
+    stream = COMPLETION["stream"].read(body, False)
     include_usage = stream_options(body, stream)
     if get_bool(body, "echo", False):
         raise _bad("echo", "echo is not supported")
     if body.get("suffix") is not None:
         raise _bad("suffix", "suffix is not supported")
-    top = get_int(body, "logprobs", 0, MAX_LOGPROBS_COMPLETION)
-    check_fits(len(prompt_ids), engine.max_context, "prompt")
+    top = COMPLETION["logprobs"].read(body)
+    check_fits(len(prompt_ids), engine, "prompt")
     params = sampling_params(body, engine, len(prompt_ids), top, default_max_tokens=16,
                              grammar=structured.output_grammar(body, engine.tokenizer))
     params.speculative = speculative_params.parse(body, serving)

@@ -40,9 +40,23 @@ print("\n".join(dict.fromkeys(reqs)))
 PYEOF
 )
 STAMP_TEXT=$(printf '%s\n' "$REQS" "arch=$ARCH" "python=$PYVER")
+
+# the requirements without a wheel in DIR (wheel names: lower case, '-' and '.' as '_')
+missing_wheels() {
+  local req name
+  while read -r req; do
+    [ -n "$req" ] || continue
+    name=$(printf '%s' "$req" | sed -E 's/[ ;<>=!~\[].*//' | tr 'A-Z.-' 'a-z__')
+    compgen -G "$DIR/${name}-*.whl" >/dev/null || echo "$name"
+  done <<< "$REQS"
+}
 if [ -f "$DIR/.stamp" ] && [ "$(cat "$DIR/.stamp")" = "$STAMP_TEXT" ]; then
-  echo "wheelhouse up to date: $DIR ($(ls "$DIR"/*.whl | wc -l) wheels)"
-  exit 0
+  MISSING=$(missing_wheels | tr '\n' ' ')
+  if [ -z "$MISSING" ]; then
+    echo "wheelhouse up to date: $DIR ($(ls "$DIR"/*.whl | wc -l) wheels)"
+    exit 0
+  fi
+  echo "wheelhouse lacks wheels for: $MISSING" >&2
 fi
 if [ "$CHECK" = 1 ]; then
   echo "wheelhouse missing or stale: $DIR (scripts/ci/install_fleet_deps.sh or $0 $DIR)" >&2
@@ -52,10 +66,11 @@ fi
 mkdir -p "$DIR"
 args=(--disable-pip-version-check -q download --dest "$DIR")
 if [ -n "$ARCH" ]; then
-  # wheels for another platform: binary only, for the boards' Python (Debian 12: 3.11)
+  # wheels for another platform: binary only, for the boards' Python and glibc (Debian 12: 3.11,
+  # 2.36). pip matches these tags exactly: llguidance's aarch64 wheel is manylinux_2_31.
   args+=(--only-binary=:all: --implementation cp --python-version "${PYVER:-3.11}"
-         --platform "manylinux_2_28_$ARCH" --platform "manylinux2014_$ARCH"
-         --platform "manylinux_2_17_$ARCH")
+         --platform "manylinux_2_31_$ARCH" --platform "manylinux_2_28_$ARCH"
+         --platform "manylinux2014_$ARCH" --platform "manylinux_2_17_$ARCH")
 elif [ -n "$PYVER" ]; then
   args+=(--only-binary=:all: --python-version "$PYVER")
 fi

@@ -99,6 +99,28 @@ def test_failed_load_is_reported(tmp_path):
         rt.close()
 
 
+def test_a_missing_model_directory_is_reported_by_health(tmp_path):
+    """A model directory gone by the time the server loads (an unmounted disk, a rollout that
+    removed it): the server stays up, /health and every API call say which directory and why."""
+    from appliance.config import Settings
+    from appliance.server import create_app
+
+    missing = tmp_path / "models" / "qwen3-gone"
+    app = create_app({"settings": Settings(model=str(missing), sysfs_root="/nonexistent")})
+    rt = app.extensions["appliance"]
+    try:
+        assert rt.ready_event.wait(30)
+        r = app.test_client().get("/health")
+        assert r.status_code == 503 and r.json["status"] == "failed", r.json
+        assert str(missing) in r.json["error"], r.json
+        r = app.test_client().post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 503 and r.json["error"]["code"] == "model_load_failed"
+        assert str(missing) in r.json["error"]["message"]
+        assert app.test_client().get("/openapi.json").status_code == 200     # still describes itself
+    finally:
+        rt.close()
+
+
 def test_embedded_default_model_in_process():
     """Without a model directory the server serves the embedded demo model."""
     from appliance.config import Settings

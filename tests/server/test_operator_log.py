@@ -2,6 +2,7 @@
 without the text of prompts or replies."""
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -47,3 +48,29 @@ def test_the_log_says_when_the_server_serves_and_with_what(idle_server, server_m
     line = wait_for_line(idle_server, r"^.*serving .*$")
     assert server_model_dir.name in line and "q8 weights" in line and "KV pool of" in line
     assert "threads" in line and re.search(r"loaded in [\d.]+ s", line)
+
+
+def test_the_access_line_carries_the_usage(idle_server, model_id):
+    r = idle_server.post("/v1/chat/completions", json={"model": model_id, "max_tokens": 3, "temperature": 0,
+                                                        "messages": [{"role": "user", "content": "count to three"}]})
+    usage = r.json()["usage"]
+    line = wait_for_line(idle_server, r"^.*POST /v1/chat/completions 200 [\d.]+ ms.*prompt_tokens=.*$")
+    assert f"prompt_tokens={usage['prompt_tokens']} completion_tokens={usage['completion_tokens']}" in line
+    with requests.post(idle_server.base + "/v1/completions", stream=True, timeout=60,
+                       json={"model": model_id, "prompt": "a streamed one", "max_tokens": 5, "stream": True,
+                             "stream_options": {"include_usage": True}, "ignore_eos": True}) as s:
+        chunks = [ln for ln in s.iter_lines() if ln.startswith(b"data: {")]
+    streamed = json.loads(chunks[-1][6:])["usage"]
+    line = wait_for_line(idle_server, rf"^.*POST /v1/completions 200 [\d.]+ ms prompt_tokens="
+                                      rf"{streamed['prompt_tokens']} completion_tokens=5$")
+    assert streamed["completion_tokens"] == 5 and line
+
+
+def test_the_session_key_reaches_the_scheduler_log(idle_server, model_id):
+    r = idle_server.post("/v1/completions", headers={"X-Session-Id": "kiosk-7-conversation-42"},
+                         json={"model": model_id, "prompt": "hello", "max_tokens": 1})
+    assert r.status_code == 200
+    wait_for_line(idle_server, r"^.*request \d+: \d+ prompt tokens.*\(session kiosk-7-conversation-42\)$")
+    r = idle_server.post("/v1/completions", headers={"X-Session-Id": "x" * 200},
+                         json={"model": model_id, "prompt": "hello", "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Id"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -170,6 +171,24 @@ def test_one_task_per_server(embed_server, rerank_server, idle_server):
     assert idle_server.health()["model"]["task"] == "chat"
     # /tokenize serves every task
     assert embed_server.post("/tokenize", json={"prompt": "Hello"}).status_code == 200
+
+
+def test_models_name_the_task_each_serves(embed_server, rerank_server, idle_server):
+    for server, task in [(embed_server, "embed"), (rerank_server, "rerank"), (idle_server, "chat")]:
+        cards = server.get("/v1/models").json()["data"]
+        assert cards and all(card["task"] == task for card in cards), cards
+        assert server.get("/v1/models/" + cards[0]["id"]).json()["task"] == task
+
+
+def test_an_embedding_request_is_logged_with_its_tokens(embed_server):
+    r = embed_server.post("/v1/embeddings", json={"input": ["Hello there, board", "world"]})
+    n = r.json()["usage"]["prompt_tokens"]
+    deadline = time.monotonic() + 10
+    while "POST /v1/embeddings 200 " not in embed_server.log() or f"prompt_tokens={n}" not in embed_server.log():
+        assert time.monotonic() < deadline, embed_server.log()[-2000:]
+        time.sleep(0.05)
+    assert any("POST /v1/embeddings 200" in ln and ln.endswith(f" prompt_tokens={n}")
+               for ln in embed_server.log().splitlines())
 
 
 # ---- /v1/rerank ---------------------------------------------------------------------------------

@@ -239,3 +239,19 @@ def test_thinking_first_then_the_answer_is_held_to_the_schema(chat_server, qwen3
     call = chat(chat_server, chat_template_kwargs={"enable_thinking": True}, logit_bias={str(think): 100},
                 max_thinking_tokens=2, temperature=0, tools=TOOLS, tool_choice="required")
     assert call["finish_reason"] == "tool_calls" and call["message"]["reasoning_content"] == "<think>" * 2
+
+
+def test_auto_with_a_json_answer_is_a_call_or_the_answer(chat_server):
+    """tool_choice auto beside a JSON schema: whichever the model starts, it is held to its schema."""
+    schema = SCHEMAS[2][1]
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for seed in range(4):
+        choice = chat(chat_server, tools=TOOLS, tool_choice="auto", temperature=1.0, seed=seed,
+                      response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema}})
+        if choice["finish_reason"] == "tool_calls":
+            for call in choice["message"]["tool_calls"]:
+                fn = call["function"]
+                jsonschema.validate(json.loads(fn["arguments"]), tools[fn["name"]])
+        else:
+            assert choice["finish_reason"] == "stop", choice
+            jsonschema.validate(json.loads(choice["message"]["content"]), schema)
