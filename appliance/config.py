@@ -36,7 +36,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 TASKS = ("chat", "embed", "rerank")
 REASONING_PARSERS = ("qwen3", "none")
 JSON_OBJECT_KEYS = ("chat_template_kwargs",)     # a JSON object as text (a YAML mapping in the file)
-PATH_KEYS = ("model", "sysfs_root", "kv_cache_dir")   # "~/models/..." means the user's home, as in a shell
+PATH_KEYS = ("model", "sysfs_root", "kv_cache_dir", "api_keys_file")   # "~/models/..." means the user's home, as in a shell
 _SPARSE = SparseConfig()          # sparse attention's defaults
 
 
@@ -99,6 +99,10 @@ class Settings:
                                      choices=PROBE_MODES)
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize",
                                   metavar="KEY")
+    api_keys_file: str | None = setting(None, "file of named API keys, 'NAME KEY' a line or JSON [{name, key}] "
+                                              "(beside api_key); re-read when it changes, so keys rotate "
+                                              "without a restart; the name shows in the access log and the "
+                                              "appliance_client_requests metric", metavar="FILE")
     max_queue: int = setting(16, "requests waiting for a decode slot before 503", low=0, high=4096, metavar="N")
     max_batch: int = setting(8, "sequences decoded together in one step", low=1, high=256, metavar="N")
     request_timeout: float = setting(600.0, "seconds from a request's arrival to its last token",
@@ -254,6 +258,12 @@ def validate(s: Settings) -> Settings:
         raise ConfigError("host: must not be empty")
     if s.api_key is not None and len(s.api_key) < 8:
         raise ConfigError("api_key: use at least 8 characters")
+    if s.api_keys_file is not None:
+        from appliance.api_keys import KeyFileError, read_keys
+        try:
+            read_keys(s.api_keys_file)
+        except KeyFileError as e:
+            raise ConfigError(str(e)) from None
     _check_kv_pool(s)
     for key in JSON_OBJECT_KEYS:
         text = getattr(s, key)

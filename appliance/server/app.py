@@ -13,6 +13,7 @@ from pathlib import Path
 
 from flask import Flask
 
+from appliance.api_keys import KeyRing
 from appliance.config import Settings, load_settings
 from appliance.server.access_log import AccessLog
 from appliance.server.errors import register_error_handlers
@@ -47,6 +48,7 @@ def create_app(test_config: dict | None = None) -> Flask:
 
     runtime = Runtime(settings)
     app.extensions["appliance"] = runtime
+    app.extensions["appliance_api_keys"] = KeyRing(settings.api_key, settings.api_keys_file)
     register_error_handlers(app)
 
     from appliance.server import dashboard, openai_api, openapi, ops, retrieval_api
@@ -56,6 +58,6 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(retrieval_api.bp)
     app.register_blueprint(dashboard.bp)
 
-    app.wsgi_app = AccessLog(app.wsgi_app)
+    app.wsgi_app = AccessLog(app.wsgi_app, runtime.metrics)
     runtime.start(engine=engine, background=True)
     return app

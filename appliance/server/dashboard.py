@@ -48,7 +48,7 @@ def _security_headers(resp):
 def index():
     rt = runtime()
     return render_template("index.html", settings=rt.settings.public(), status=rt.status,
-                           auth_required=bool(rt.settings.api_key))
+                           auth_required=bool(rt.settings.api_key or rt.settings.api_keys_file))
 
 
 @bp.get("/dashboard/stats")
@@ -72,7 +72,7 @@ def stats():
         "settings": rt.settings.public(),
         "rows": {"model": model_rows(rt.model_facts()), "settings": setting_rows(rt.settings)},
         "queue": rt.queue_facts(),
-        "auth_required": bool(rt.settings.api_key),
+        "auth_required": bool(rt.settings.api_key or rt.settings.api_keys_file),
         "thermal": None if snap is None else snap.to_dict(),
         "throttled_seconds": {k: round(v, 1) for k, v in rt.thermal.throttled_seconds.items()},
         "thermal_history": [

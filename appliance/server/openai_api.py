@@ -8,7 +8,6 @@ as one JSON body otherwise. A client that goes away is noticed between tokens
 """
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import select
@@ -18,6 +17,7 @@ import time
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from appliance.server import chat
+from appliance.server.access_log import CLIENT_KEY
 from appliance.server.access_log import USAGE_KEY
 from appliance.server.reply import Reply
 from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
@@ -62,11 +62,13 @@ def _warm_grammar_bridge(tokenizer) -> None:
 @bp.before_request
 def _authorize_and_check_ready():
     rt = runtime()
-    key = rt.settings.api_key
-    if key:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    keys = current_app.extensions["appliance_api_keys"]
+    if keys.required:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        client = keys.client(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        # the access log and the per-client metrics name the client (or "-": no valid key)
+        request.environ[CLIENT_KEY] = client or "-"
+        if client is None:
             raise APIError("a valid API key is required: send 'Authorization: Bearer <key>'", 401,
                            code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="appliance"'})
     if not rt.ready:

@@ -225,6 +225,11 @@ class Metrics:
             "appliance_requests", "Requests by outcome.", labelnames=["outcome"], registry=r)
         for outcome in REQUEST_OUTCOMES:
             self.requests.labels(outcome)
+        # One series per API key name (bounded by the key file) and status class; client "-":
+        # requests that came without a valid key (a revoked client still trying shows here).
+        self.client_requests = Counter(
+            "appliance_client_requests", "Requests per client (the API key's name) by HTTP status class.",
+            labelnames=["client", "status"], registry=r)
         self.spec_draft_tokens = Counter(
             "appliance_spec_draft_tokens", "Tokens speculative decoding drafted and verified.", registry=r)
         self.spec_accepted_tokens = Counter(
@@ -355,6 +360,10 @@ class Metrics:
     def count(self, outcome: str) -> None:
         """Requests that never reached the scheduler: 'rejected' (503) or 'invalid' (4xx)."""
         self.requests.labels(outcome).inc()
+
+    def count_client(self, client: str, status: str) -> None:
+        """One finished HTTP request of a client (status: "200", "401", ...)."""
+        self.client_requests.labels(client, f"{status[:1]}xx" if status[:1].isdigit() else "other").inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
