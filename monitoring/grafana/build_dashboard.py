@@ -18,7 +18,34 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboards", "fl
 B = 'board=~"$board"'
 
 # (row title, [(panel type, title, unit, description, [(expr, legend)], width)])
+# Grafana's rate window, and what the fleet-wide decode quantiles are computed from.
+DECODE = f"sum by (le) (rate(appliance_decode_token_seconds_bucket{{{B}}}[$__rate_interval]))"
+
 PANELS = [
+    ("Fleet at a glance", [
+        ("timeseries", "Fleet decode ms/token (p50, p95, p99)", "ms",
+         "Time per output token over every selected board's decode steps together: what a client of "
+         "the fleet feels. Pick boards with the Board variable to see one of them alone.",
+         [(f"1000 * histogram_quantile({q}, {DECODE})", f"p{round(q * 100)}") for q in (0.5, 0.95, 0.99)], 8),
+        ("timeseries", "Hottest boards (top 5)", "celsius",
+         "The five selected boards whose hottest thermal zone is the hottest now; RK3588 throttles at "
+         "85 C. Drill down with the Board variable.",
+         [(f"topk(5, board:node_thermal_zone_temp_celsius:max{{{B}}})", "{{board}}")], 8),
+        ("timeseries", "Boards by state", "none",
+         "Serving: up, model loaded, in the load balancer's rotation. Drained: out of rotation (a "
+         "rollout, the operator). Loading: up without a model yet. Down: Prometheus cannot scrape it.",
+         [(f"count(up{{job=\"appliance\", {B}}} == 1 and on (board) appliance_model_loaded{{{B}}} == 1 "
+           f"unless on (board) max by (board) (fleet_loadbalancer_board_drained{{{B}}}) == 1) or vector(0)",
+           "serving"),
+          (f"count(max by (board) (fleet_loadbalancer_board_drained{{{B}}}) == 1) or vector(0)", "drained"),
+          (f"count(up{{job=\"appliance\", {B}}} == 1 unless on (board) appliance_model_loaded{{{B}}} == 1) "
+           f"or vector(0)", "loading"),
+          (f"count(up{{job=\"appliance\", {B}}} == 0) or vector(0)", "down")], 8),
+        ("heatmap", "Temperature across the fleet", "celsius",
+         "How many boards sit at each temperature (each board's hottest zone), over time: a fleet "
+         "drifting up is the room; a few boards apart from the rest are their heatsinks or fans.",
+         [(f"board:node_thermal_zone_temp_celsius:max{{{B}}}", "{{board}}")], 24),
+    ]),
     ("Fleet", [
         ("stat", "Boards serving", "none",
          "Boards whose appliance answers Prometheus (of those selected).",
@@ -116,6 +143,12 @@ def panel(pid: int, kind: str, title: str, unit: str, description: str, targets,
     if kind == "stat":
         p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                         "colorMode": "value", "graphMode": "area", "textMode": "auto"}
+    elif kind == "heatmap":
+        # buckets computed by Grafana from the series' values: one cell per degree band and time step
+        p["options"] = {"calculate": True, "calculation": {"yBuckets": {"mode": "size", "value": "2"}},
+                        "cellGap": 1, "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                        "yAxis": {"unit": unit}, "tooltip": {"mode": "single", "yHistogram": True},
+                        "legend": {"show": True}}
     else:
         p["fieldConfig"]["defaults"]["custom"] = {"lineWidth": 1, "fillOpacity": 0, "spanNulls": True}
         p["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
@@ -139,7 +172,9 @@ def build() -> dict:
     return {
         "uid": "appliance-fleet",
         "title": "Appliance fleet",
-        "description": "Decode speed, attention, temperatures, frequency and queues of every board.",
+        "description": "The fleet at a glance (decode quantiles, hottest boards, boards by state, "
+                       "temperatures), then decode speed, attention, temperatures, frequency and queues "
+                       "per board; the Board variable drills down.",
         "tags": ["appliance", "rk3588", "llm"],
         "timezone": "browser",
         "editable": False,
