@@ -11,6 +11,7 @@ desktop's (1366 px), with full-page screenshots kept (the test's tmp dir, and ar
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -41,17 +42,23 @@ KEY_ELEMENTS = ("#status", "#model-name", "#chart-decode", "#chart-tps", "#chat-
                 "#chat-send", "#chat-max", "#model-facts", "#settings-facts")
 
 
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory):
-    """The demo model (no --model) on a machine whose sysfs has no thermal zones or cpufreq."""
-    bare = tmp_path_factory.mktemp("bare-sysfs")
-    srv = start_server(None, "--request-timeout", "60", env={"APPLIANCE_SYSFS_ROOT": str(bare)})
+@contextlib.contextmanager
+def serving(model, *args: str, **kw):
+    srv = start_server(model, *args, **kw)
     try:
         yield srv
     finally:
         code = srv.stop()
         shutil.rmtree(srv.workdir, ignore_errors=True)
         assert code == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    """The demo model (no --model) on a machine whose sysfs has no thermal zones or cpufreq."""
+    bare = tmp_path_factory.mktemp("bare-sysfs")
+    with serving(None, "--request-timeout", "60", env={"APPLIANCE_SYSFS_ROOT": str(bare)}) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +70,8 @@ def plain_server(tiny_qwen3_dir, tmp_path_factory):
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     (model / "chat_template.jinja").unlink(missing_ok=True)
-    srv = start_server(model, "--spec-prompt-lookup", "4", "--request-timeout", "60")
-    try:
+    with serving(model, "--spec-prompt-lookup", "4", "--request-timeout", "60") as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 def open_page(browser, base: str, viewport: dict, requests_seen: list | None = None, console: list | None = None):
