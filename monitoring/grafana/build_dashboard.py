@@ -124,6 +124,16 @@ PANELS = [
          [(f"histogram_quantile(0.95, sum by (board, le) "
            f"(rate(appliance_time_to_first_token_seconds_bucket{{{B}}}[$__rate_interval])))", "{{board}}")], 8),
     ]),
+    ("Sessions and prefix cache", [
+        ("timeseries", "Prefix cache hit rate", "percentunit",
+         "Share of prompt tokens each board took from its prefix cache instead of computing them "
+         "(5-minute window). The load balancer sends a session (X-Session-Id, else the API key, "
+         "else the client address) back to the same board, so multi-turn chats and shared system "
+         "prompts hit here; a board far below the others after a rollout or a drain is rebuilding "
+         "its cache (the sessions it got from the others).",
+         [(f"sum by (instance) (rate(appliance_prefix_cache_hits_total{{{B}}}[5m])) / "
+           f"sum by (instance) (rate(appliance_prefix_cache_queries_total{{{B}}}[5m]))", "{{instance}}")], 24),
+    ]),
 ]
 
 

@@ -13,10 +13,11 @@ CACHE=/var/cache/appliance-fleet
 # Debian root they boot; openssh-client: the controller; prometheus (promtool),
 # prometheus-alertmanager (amtool), node_exporter (the fake sysfs test), systemd
 # (systemd-analyze verify), vagrant (`vagrant validate`); iproute2 + util-linux:
-# namespaces, nsenter.
+# namespaces, nsenter; nginx + libnginx-mod-http-js: the load balancer's configuration
+# and its njs router run against stand-in boards.
 PACKAGES=(systemd-container debootstrap openssh-client prometheus prometheus-alertmanager
           prometheus-node-exporter systemd python3-yaml curl iproute2 util-linux vagrant
-          ca-certificates)
+          ca-certificates nginx libnginx-mod-http-js)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -26,10 +26,11 @@ SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
 BOOT=systemd,systemd-sysv,dbus
 # python3-apt: Ansible's apt module; build-essential ... ccache: the boards build the
-# kernels; the rest: the monitoring host and the load balancer.
+# kernels; the rest: the monitoring host and the load balancer (libnginx-mod-http-js: njs,
+# routing by model for boards with several).
 PACKAGES=(openssh-server python3 python3-apt python3-venv python3-dev build-essential ccache
-          ca-certificates curl iproute2 procps nginx prometheus prometheus-node-exporter
-          prometheus-alertmanager)
+          ca-certificates curl iproute2 procps nginx libnginx-mod-http-js prometheus
+          prometheus-node-exporter prometheus-alertmanager)
 SERVICES_OFF=(nginx prometheus prometheus-node-exporter prometheus-alertmanager)
 # Timers and first-boot prompts that only cost a simulated host time (or block its console).
 MASKED=(apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer

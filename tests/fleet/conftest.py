@@ -59,16 +59,22 @@ def trusted(value):
 
 
 def render_role_template(role: str, template: str, *var_files: Path, **extra) -> str:
-    """A role's template rendered by Ansible's own templar, with the role's defaults, then
-    var_files (inventory group_vars, in order), then extra; no hosts involved."""
+    """A role's template rendered by Ansible's own templar with the role's filters, its
+    defaults, then var_files (inventory group_vars, in order), then its vars, then extra; no
+    hosts involved."""
     from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import filter_loader
     from ansible.template import Templar
 
     import yaml
     base = ANSIBLE_DIR / "roles" / role
+    if (base / "filter_plugins").is_dir():
+        filter_loader.add_directory(str(base / "filter_plugins"))
     variables = yaml.safe_load((base / "defaults" / "main.yml").read_text(encoding="utf-8")) or {}
     for f in var_files:
         variables.update(yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {})
+    if (base / "vars" / "main.yml").is_file():
+        variables.update(yaml.safe_load((base / "vars" / "main.yml").read_text(encoding="utf-8")) or {})
     variables.update(extra)
     variables.setdefault("ansible_managed", "Ansible managed")
     templar = Templar(loader=DataLoader(), variables=trusted(variables))

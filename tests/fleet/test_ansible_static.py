@@ -54,7 +54,8 @@ def test_playbook_syntax(playbook):
 @pytest.mark.parametrize("role", ROLES)
 def test_role_defaults_are_prefixed_and_documented(role):
     """Every default is prefixed with the role name and documented in argument_specs, and
-    argument_specs documents nothing that does not exist."""
+    argument_specs documents nothing that does not exist - but for a choice left unset by
+    default (Ansible would check a null against the choices): optional, no default."""
     base = ANSIBLE_DIR / "roles" / role
     defaults = load(base / "defaults" / "main.yml") or {}
     specs = load(base / "meta" / "argument_specs.yml")["argument_specs"]["main"]
@@ -62,7 +63,10 @@ def test_role_defaults_are_prefixed_and_documented(role):
     assert specs.get("short_description")
     for name in defaults:
         assert name.startswith(role + "_"), f"{role}: default {name} lacks the role prefix"
-    assert set(defaults) == set(options), f"{role}: defaults and argument_specs differ: {set(defaults) ^ set(options)}"
+    unset = {name for name, spec in options.items()
+             if spec.get("choices") and spec.get("required") is False and "default" not in spec}
+    assert set(defaults) == set(options) - unset, \
+        f"{role}: defaults and argument_specs differ: {set(defaults) ^ (set(options) - unset)}"
     for name, spec in options.items():
         assert spec.get("description"), f"{role}: {name} has no description"
         assert spec.get("type"), f"{role}: {name} has no type"
@@ -198,3 +202,53 @@ def test_the_fleet_thresholds_come_from_the_inventory(tmp_path):
     records = {r["record"]: r["expr"] for g in load(rules)["groups"] for r in g["rules"]}
     assert records == {"fleet:appliance_boards_ready:min_threshold": "vector(7)",
                        "fleet:appliance_decode_ms_per_token_p95:max_threshold": "vector(180.0)"}
+
+
+def render_upstreams(**balancer) -> str:
+    from conftest import render_role_template
+    boards = {"board1": {"ansible_host": "10.0.0.11"}, "board2": {"ansible_host": "10.0.0.12"}}
+    return render_role_template("loadbalancer", "upstreams.conf.j2", groups={"boards": sorted(boards)},
+                                hostvars={"lb": balancer, **boards}, loadbalancer_target="lb",
+                                loadbalancer_down_states={"lb": {"board2": {"since": 1, "by": "rollout"}}})
+
+
+def test_the_upstream_hashes_sessions_consistently_and_keeps_drained_boards_out():
+    """A session key (header, else API key, else address) picks the board through nginx's
+    consistent hash, so a drained board moves only its own sessions; without affinity the
+    boards share by least connections."""
+    from conftest import render_role_template
+    upstreams = render_upstreams()
+    assert "hash $appliance_session_key consistent;" in upstreams and "least_conn" not in upstreams
+    assert re.search(r"server 10\.0\.0\.12:8080 .* down;", upstreams)
+    assert "least_conn;" in render_upstreams(loadbalancer_session_affinity=False)
+    site = render_role_template("loadbalancer", "appliance-site.conf.j2", groups={"boards": ["board1"]},
+                                hostvars={"board1": {}}, loadbalancer_session_header="X-Conversation",
+                                loadbalancer_fleet_routes={"by_model": False, "upstreams": {}})
+    maps = dict(re.findall(r"map (\$\S+) (\$\S+) \{", site))
+    assert maps == {"$http_authorization": "$appliance_client_key",
+                    "$http_x_conversation": "$appliance_session_key"}, maps
+    assert '"session:$http_x_conversation"' in site and '""      $appliance_client_key;' in site
+    assert '"address:$remote_addr"' in site
+
+
+@pytest.mark.parametrize("grace", [0, 5, 30, 120])
+def test_a_drained_stop_has_time_to_save_the_kv_disk_tier(grace):
+    """systemd's stop timeout covers the server's own: the grace period for running requests,
+    then the prefix cache's save to disk for up to as long again."""
+    from conftest import render_role_template
+    unit = render_role_template("appliance", "appliance.service.j2", appliance_grace_period=grace)
+    stop = int(re.search(r"^TimeoutStopSec=(\d+)$", unit, re.M).group(1))
+    assert stop >= 2 * grace + 5
+    assert stop > int(2 * max(grace, 5.0)) + 5, "gunicorn's graceful timeout must end before systemd's SIGKILL"
+
+
+def test_the_kv_disk_tier_is_writable_by_the_service_only_when_set():
+    from conftest import render_role_template
+    assert "ReadWritePaths" not in render_role_template("appliance", "appliance.service.j2")
+    unit = render_role_template("appliance", "appliance.service.j2", appliance_kv_cache_dir="/var/cache/appliance-kv")
+    assert "ReadWritePaths=/var/cache/appliance-kv" in unit.splitlines()
+    settings = yaml.safe_load(render_role_template("appliance", "appliance.yml.j2", appliance_kv_cache_dir="/x",
+                                                   appliance_kv_cache_memory="40%", appliance_max_step_tokens=256,
+                                                   appliance_instance="{{ appliance_instance_list[0] }}"))
+    assert (settings["kv_cache_dir"], settings["kv_cache_memory"], settings["max_step_tokens"],
+            settings["kv_cache_disk_bytes"]) == ("/x", "40%", 256, 4 << 30)

@@ -223,3 +223,123 @@ def test_bench_table_gathers_every_board(tmp_path):
     lines = [l for l in text.splitlines() if l.startswith("| 128 ")]
     assert lines == ["| 128 | board1 | exact | 25.0 | 40.0 | 12% | 900 |",
                      "| 128 | board2 | exact | 50.0 | 20.0 | 12% | 900 |"]
+
+
+def test_bench_table_adds_embeddings_and_rerank_pairs_per_second(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    row = {"context": 32, "decode_ms_per_token": 10.0}
+    (raw / "board1.json").write_text(json.dumps({"exact": {"rows": [row]}, "retrieval": [
+        {"instance": "embed", "task": "embed", "model": "e5", "inputs": 16, "words": 96, "per_second": 41.25},
+        {"instance": "rank", "task": "rerank", "model": "r", "inputs": 16, "words": 96, "per_second": 9.5}]}))
+    (raw / "board2.json").write_text(json.dumps({"exact": {"rows": [row]}}))
+    text = run([sys.executable, ANSIBLE_DIR / "files/bench_table.py", raw, tmp_path / "fleet.md"]).stdout
+    assert "| 32 | board2 | exact | 10.0 |" in text
+    assert "| embed | board1 | embed | e5 | 16 x 96 words | 41.2 |" in text
+    assert "| rerank | board1 | rank | r | 16 x 96 words | 9.5 |" in text
+
+
+def load_filter(role: str, module: str):
+    return load_script(ANSIBLE_DIR / "roles" / role / "filter_plugins" / f"{module}.py", f"{role}_{module}")
+
+
+SINGLE = {"task": None, "port": 8080, "model_name": "", "model_files": [], "served_model_name": None, "threads": 4,
+          "cpu_affinity": "4-7", "kv_cache_memory": None, "max_batch": 8, "max_queue": 16, "max_context": None,
+          "memory_high": "80%", "memory_max": "90%"}
+
+
+def test_one_instance_by_default_and_one_template_unit_instance_per_listed_model():
+    from ansible.errors import AnsibleFilterError
+    instances = load_filter("appliance", "instances")
+    (one,) = instances.instance_list([], SINGLE, "/etc/appliance")
+    assert (one["unit"], one["settings"], one["port"], one["cpu_affinity"]) == (
+        "appliance.service", "/etc/appliance/appliance.yml", 8080, "4-7")
+    chat, embed = instances.instance_list(
+        [{"name": "chat", "port": 8080, "cpu_affinity": "4-6", "threads": 3},
+         {"name": "embed", "port": 8081, "task": "embed", "cpu_affinity": "7", "threads": 1,
+          "kv_cache_memory": "256M", "model_name": "Qwen3-Embedding-0.6B",
+          "model_files": [{"name": "1_Pooling/config.json", "sha256": "ab"}]}], SINGLE, "/etc/appliance", "/var/kv")
+    assert (chat["unit"], chat["settings"], chat["threads"], chat["kv_cache_memory"], chat["kv_cache_dir"]) == (
+        "appliance@chat.service", "/etc/appliance/instances/chat.yml", 3, None, "/var/kv/chat")
+    assert embed["dropin"] == "/etc/systemd/system/appliance@embed.service.d/instance.conf"
+    assert (embed["task"], embed["cpu_affinity"], embed["memory_max"]) == ("embed", "7", "90%")
+    files = instances.model_files([chat, embed])
+    assert files == [{"model": "Qwen3-Embedding-0.6B", "name": "1_Pooling/config.json", "sha256": "ab",
+                      "subdir": "Qwen3-Embedding-0.6B/1_Pooling"}]
+    for bad, why in [([{"name": "a", "port": 1}, {"name": "b", "port": 1}], "taken"),
+                     ([{"name": "a", "port": 1}, {"name": "a", "port": 2}], "twice"),
+                     ([{"name": "A b", "port": 1}], "lower-case"),
+                     ([{"name": "a", "port": 1, "task": "score"}], "task"),
+                     ([{"name": "a", "port": 1, "gpu": 1}], "unknown keys"),
+                     ([{"name": "a"}], "port")]:
+        with pytest.raises(AnsibleFilterError, match=why):
+            instances.instance_list(bad, SINGLE, "/etc/appliance")
+
+
+def test_the_load_balancer_routes_by_task_and_by_model():
+    routes = load_filter("loadbalancer", "routes").routes
+    single = {"board2": {"ansible_host": "10.0.0.12"}, "board3": {"ansible_host": "10.0.0.13"}}
+    plain = routes(sorted(single), single, 8080)
+    assert plain == {"upstreams": {"appliance_boards": [
+        {"board": "board2", "address": "10.0.0.12", "port": 8080, "instance": ""},
+        {"board": "board3", "address": "10.0.0.13", "port": 8080, "instance": ""}]},
+        "tasks": {"chat": "appliance_boards"}, "models": {}, "by_model": False}
+    hostvars = dict(single, board1={"ansible_host": "10.0.0.11", "appliance_instances": [
+        {"name": "chat", "port": 8080},
+        {"name": "big", "port": 8082, "model_name": "Qwen3-8B"},
+        {"name": "embed", "port": 8081, "task": "embed", "served_model_name": "emb,emb-alias"}]})
+    got = routes(sorted(hostvars), hostvars, 8080)
+    assert [s["board"] + ":" + str(s["port"]) for s in got["upstreams"]["appliance_boards"]] == [
+        "board1:8080", "board1:8082", "board2:8080", "board3:8080"]
+    assert got["tasks"] == {"chat": "appliance_boards", "embed": "appliance_embed"}
+    assert got["models"] == {"Qwen3-8B": "appliance_model_qwen3_8b", "emb": "appliance_embed",
+                             "emb-alias": "appliance_embed"}
+    assert [s["port"] for s in got["upstreams"]["appliance_model_qwen3_8b"]] == [8082]
+    assert got["by_model"] is True
+
+
+def test_retrieval_bench_measures_each_embedding_and_rerank_instance(tmp_path):
+    """Against a stand-in server answering the two endpoints' shapes: one row per retrieval
+    instance (chat ones left out), the key read from stdin and sent as a bearer token."""
+    import http.server
+    import threading
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path == "/v1/embeddings":
+                answer = {"model": "emb", "data": [{"embedding": [0.1]} for _ in body["input"]]}
+            else:
+                answer = {"model": "rank", "results": [{"index": i, "relevance_score": 0.5}
+                                                       for i in range(len(body["documents"]))]}
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    instances = tmp_path / "instances.json"
+    instances.write_text(json.dumps([{"name": "chat", "unit": "appliance@chat.service", "port": 1, "task": "chat"},
+                                     {"name": "embed", "unit": "appliance@embed.service", "port": port, "task": "embed"},
+                                     {"name": "rank", "unit": "appliance@rank.service", "port": port, "task": "rerank"}]))
+    try:
+        proc = subprocess.run([sys.executable, ANSIBLE_DIR / "files/retrieval_bench.py", instances, "--inputs", "4",
+                               "--words", "8", "--rounds", "2", "--api-key-stdin"], input="sekrit-key\n",
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["retrieval"]
+    assert [(r["instance"], r["task"], r["model"], r["inputs"]) for r in rows] == [
+        ("embed", "embed", "emb", 4), ("rank", "rerank", "rank", 4)]
+    assert all(r["per_second"] > 0 for r in rows)
+    assert len(seen) == 2 * 3 and {auth for _, auth in seen} == {"Bearer sekrit-key"}
