@@ -7,14 +7,13 @@ test that left streams behind cannot disturb the next one.
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from live_server import ARTIFACTS, LiveServer, start_server  # noqa: E402
+from live_server import ARTIFACTS, LiveServer, serving  # noqa: E402
 from tiny_models_chat import build_qwen3_chat  # noqa: E402
 
 
@@ -25,15 +24,10 @@ def server_model_dir(tiny_qwen3_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def server(server_model_dir):
-    srv = start_server(server_model_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "2048",
-                       "--kv-cache-tokens", "16384", "--request-timeout", "60", "--max-body-bytes", "65536",
-                       "--grace-period", "3")
-    try:
+    with serving(server_model_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "2048",
+                 "--kv-cache-tokens", "16384", "--request-timeout", "60", "--max-body-bytes", "65536",
+                 "--grace-period", "3") as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +39,9 @@ def qwen3_chat_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def chat_server(qwen3_chat_dir):
     """A server on it, also answering to a client's hard-coded model name."""
-    srv = start_server(qwen3_chat_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "2048",
-                       "--request-timeout", "60", "--served-model-name", "qwen3-tiny,gpt-4o-mini")
-    try:
+    with serving(qwen3_chat_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "2048",
+                 "--request-timeout", "60", "--served-model-name", "qwen3-tiny,gpt-4o-mini") as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 @pytest.fixture

@@ -4,7 +4,9 @@ Imported by name (`from live_server import ...`): a unique module name, unlike c
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +113,19 @@ def start_server(model_dir: Path | None, *args: str, api_key: str | None = None,
     if wait:
         wait_ready(server)
     return server
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path | None, *args: str, **kw):
+    """start_server(...) for a `with` block or a fixture's yield: stopped and cleaned up after, and a
+    server that did not exit cleanly (code != 0) fails the test with its log's tail."""
+    srv = start_server(model_dir, *args, **kw)
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        shutil.rmtree(srv.workdir, ignore_errors=True)
+        assert code == 0, srv.log()[-3000:]
 
 
 def wait_ready(server: LiveServer, timeout: float = 90.0) -> None:

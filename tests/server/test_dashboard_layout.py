@@ -11,7 +11,6 @@ desktop's (1366 px), with full-page screenshots kept (the test's tmp dir, and ar
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from live_server import start_server  # noqa: E402
+from live_server import serving  # noqa: E402
 from browser_kit import ARGS, CHROMIUM, INKED  # noqa: E402
 
 WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1366, "height": 900}}
@@ -40,17 +39,6 @@ LAYOUT = """() => {
 }"""
 KEY_ELEMENTS = ("#status", "#model-name", "#chart-decode", "#chart-tps", "#chat-log", "#chat-input",
                 "#chat-send", "#chat-max", "#model-facts", "#settings-facts")
-
-
-@contextlib.contextmanager
-def serving(model, *args: str, **kw):
-    srv = start_server(model, *args, **kw)
-    try:
-        yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ and idle afterwards. A chat, an embedding and a reranking server; about 40 s eac
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from live_server import start_server
+from live_server import serving
 from tiny_models_retrieval import embedding_dir, reranker_dir  # noqa: F401 (fixtures)
 
 HERE = Path(__file__).resolve().parent
@@ -29,15 +28,10 @@ def fuzzed_server(request):
     it may is still quick."""
     model_dir = request.getfixturevalue({"chat": "server_model_dir", "embed": "embedding_dir",
                                          "rerank": "reranker_dir"}[request.param])
-    srv = start_server(model_dir, "--task", request.param, "--max-batch", "4", "--max-queue", "8",
-                       "--max-context", "256", "--request-timeout", "30", "--max-body-bytes", "262144")
-    srv.task = request.param
-    try:
+    with serving(model_dir, "--task", request.param, "--max-batch", "4", "--max-queue", "8",
+                 "--max-context", "256", "--request-timeout", "30", "--max-body-bytes", "262144") as srv:
+        srv.task = request.param
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 @pytest.mark.slow

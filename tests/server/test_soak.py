@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import socket
 import threading
 import time
@@ -20,7 +19,7 @@ import psutil
 import pytest
 import requests
 
-from live_server import start_server
+from live_server import serving
 
 pytestmark = pytest.mark.slow
 
@@ -35,15 +34,10 @@ def soak_server(server_model_dir):
     # A pool of two contexts: the warm-up has touched every page of it, so what grows after is a leak.
     # The thermal history (300 samples) fills within the warm-up too: bounded buffers still
     # filling are not a leak.
-    srv = start_server(server_model_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "1024",
-                       "--kv-cache-tokens", "2048", "--request-timeout", "60", "--grace-period", "3",
-                       env={"APPLIANCE_THERMAL_INTERVAL": "0.02"})
-    try:
+    with serving(server_model_dir, "--max-batch", "4", "--max-queue", "4", "--max-context", "1024",
+                 "--kv-cache-tokens", "2048", "--request-timeout", "60", "--grace-period", "3",
+                 env={"APPLIANCE_THERMAL_INTERVAL": "0.02"}) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 def worker_rss(srv) -> int:

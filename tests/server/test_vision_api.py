@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import http.server
 import io
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from live_server import start_server  # noqa: E402
+from live_server import serving  # noqa: E402
 from tiny_models_vl import build_qwen3_vl, test_picture as make_picture  # noqa: E402
 
 from appliance.models.images import ImageError  # noqa: E402
@@ -42,15 +41,10 @@ def image_message(url: str, text: str = "What is in this picture?") -> list[dict
 @pytest.fixture(scope="module")
 def vl_server(tmp_path_factory):
     model_dir = build_qwen3_vl(tmp_path_factory.mktemp("vl_server_model"))
-    srv = start_server(model_dir, "--max-batch", "2", "--max-queue", "4", "--max-context", "1024",
-                       "--request-timeout", "60", "--max-body-bytes", "262144", "--grace-period", "3",
-                       env={"APPLIANCE_IMAGE_URL_HOSTS": "127.0.0.1"})
-    try:
+    with serving(model_dir, "--max-batch", "2", "--max-queue", "4", "--max-context", "1024",
+                 "--request-timeout", "60", "--max-body-bytes", "262144", "--grace-period", "3",
+                 env={"APPLIANCE_IMAGE_URL_HOSTS": "127.0.0.1"}) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        shutil.rmtree(srv.workdir, ignore_errors=True)
-        assert code == 0, srv.log()[-3000:]
 
 
 @pytest.fixture
