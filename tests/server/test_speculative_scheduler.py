@@ -2,25 +2,13 @@
 tokens delivered per step, and the drafts reported on Finished."""
 from __future__ import annotations
 
-import time
 
 from appliance.engine.sampling import SamplingParams
 from appliance.engine.stats import DecodeStats
 from appliance.server.scheduler import Finished, Scheduler
+from test_scheduler import drain
 
 SPEC = {"num_tokens": 4, "ngram_min": 1, "adaptive": False}
-
-
-def drain(req, timeout=60.0):
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ev = req.next_event(0.5)
-        if ev is None:
-            continue
-        events.append(ev)
-        if isinstance(ev, Finished):
-            return events
-    raise AssertionError("request did not finish")
 
 
 def test_speculating_and_plain_requests_share_steps(server_model_dir):
@@ -39,7 +27,7 @@ def test_speculating_and_plain_requests_share_steps(server_model_dir):
     sched = Scheduler(engine, max_batch=4, max_queue=4).start()
     try:
         reqs = [sched.submit(p, params(SPEC if i % 2 == 0 else None)) for i, p in enumerate(prompts)]
-        outs = [drain(r) for r in reqs]
+        outs = [drain(r, timeout=60.0) for r in reqs]
     finally:
         sched.stop()
     for i, events in enumerate(outs):
