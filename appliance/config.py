@@ -274,9 +274,20 @@ def validate(s: Settings) -> Settings:
                 raise ConfigError(f"{key}: not JSON ({e})") from None
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: expected a JSON object, got {text!r}")
-    if s.model is not None and not os.path.isdir(s.model):
-        raise ConfigError(f"model: {s.model!r} is not a directory")
+    # A missing model directory is not a settings error: the server still starts and its
+    # /health says which directory is missing (a board must not crash-loop where nobody looks).
     return s
+
+
+def model_dir_problem(s: Settings) -> str | None:
+    """Why the settings' model directory cannot be loaded (missing or unreadable), or None."""
+    if s.model is None:
+        return None
+    if not os.path.isdir(s.model):
+        return f"model: {s.model!r} is not a directory"
+    if not os.access(s.model, os.R_OK | os.X_OK):
+        return f"model: {s.model!r} is not readable by this user"
+    return None
 
 
 def _check_kv_pool(s: Settings) -> None:

@@ -51,7 +51,6 @@ def test_env_types(tmp_path):
     ({"APPLIANCE_SPARSE_ATTN": "maybe"}, "sparse_attn (environment): expected true or false, got 'maybe'"),
     ({"APPLIANCE_REQUEST_TIMEOUT": "0"}, "request_timeout: 0.0 must be positive (seconds)"),
     ({"APPLIANCE_API_KEY": "short"}, "api_key: use at least 8 characters"),
-    ({"APPLIANCE_MODEL": "/nonexistent/model"}, "model: '/nonexistent/model' is not a directory"),
     ({"APPLIANCE_MAX_BODY_BYTES": "12"}, "max_body_bytes: 12 is below 1024"),
 ])
 def test_env_errors_are_one_line(source, message):
@@ -115,3 +114,12 @@ def test_default_body_limit_admits_the_largest_image_as_a_data_url():
     from appliance.models.images import MAX_IMAGE_BYTES
     data_url = len("data:image/jpeg;base64,") + 4 * -(-MAX_IMAGE_BYTES // 3)
     assert Settings().max_body_bytes >= data_url + 4096          # plus the JSON around it
+
+
+def test_a_missing_model_directory_is_not_a_settings_error(tmp_path):
+    """The server starts and reports it (/health), so the settings load; the problem is named."""
+    from appliance.config import model_dir_problem
+    s = load_settings(environ={"APPLIANCE_MODEL": "/nonexistent/model"})
+    assert model_dir_problem(s) == "model: '/nonexistent/model' is not a directory"
+    assert model_dir_problem(load_settings(environ={"APPLIANCE_MODEL": str(tmp_path)})) is None
+    assert model_dir_problem(load_settings(environ={})) is None

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from appliance.config import ConfigError, Settings, add_setting_flags, settings_from_flags
+from appliance.config import ConfigError, Settings, add_setting_flags, model_dir_problem, settings_from_flags
 
 log = logging.getLogger("appliance.serve")
 
@@ -193,6 +193,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"appliance serve: {e}", file=sys.stderr)
         return 2
+    problem = model_dir_problem(settings)
+    if problem:
+        print(f"appliance serve: {problem}; serving /health with the reason until it is fixed",
+              file=sys.stderr)
     limit_malloc_arenas()
     taken = port_taken(settings.host, settings.port)
     if taken:

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 
-from appliance.config import Settings
+from appliance.config import Settings, model_dir_problem
 from appliance.telemetry.metrics import Metrics
 from appliance.server.live import LiveStats
 from appliance.telemetry.thermal import ThermalMonitor
@@ -58,6 +58,10 @@ class Runtime:
             self.load_progress = {"stage": stage, "done": done, "total": total,
                                   "seconds": round(time.perf_counter() - t0, 1)}
 
+        problem = model_dir_problem(s)
+        if problem:
+            self._fail(problem)
+            return
         try:
             from appliance import Engine
             engine = Engine.load(path=s.model, weights=s.weights, kv=s.kv, threads=s.threads,
@@ -66,15 +70,20 @@ class Runtime:
                                  prefix_cache=not s.disable_prefix_cache, kv_cache_dir=s.kv_cache_dir,
                                  kv_cache_disk_bytes=s.kv_cache_disk_bytes, on_progress=on_progress)
         except Exception as e:
-            self.status = "failed"
-            self.error = f"{type(e).__name__}: {e}"
             log.exception("loading the model failed")
-            self.ready_event.set()
+            self._fail(f"{type(e).__name__}: {e}")
             return
         self.load_progress = None
         self._selftest(engine)
         self._serve(engine)
         log.info("%s", ready_line(engine.info(), time.perf_counter() - t0))
+
+    def _fail(self, error: str) -> None:
+        """Serve the reason instead of a model: /health, /ready and every API call say it."""
+        self.status = "failed"
+        self.error = error
+        log.error("not serving: %s", error)
+        self.ready_event.set()
 
     def _selftest(self, engine) -> None:
         """The engine's kernel selftest, once, for appliance_selftest_ok.

@@ -121,6 +121,33 @@ def test_a_missing_model_directory_is_reported_by_health(tmp_path):
         rt.close()
 
 
+def test_serve_with_a_missing_model_stays_up_and_says_why(tmp_path):
+    """`appliance serve --model /gone`: one line on stderr, then a live server whose /health
+    names the directory (systemd sees a running unit, the health gate a reason, not a crash loop)."""
+    missing = tmp_path / "gone"
+    srv = start_server(missing, wait=False)
+    try:
+        deadline = time.monotonic() + 60
+        body = None
+        while time.monotonic() < deadline and srv.proc.poll() is None:
+            try:
+                r = srv.get("/health", timeout=5)
+                if r.json().get("status") == "failed":
+                    body = r
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        assert body is not None, srv.log()[-2000:]
+        assert body.status_code == 503 and str(missing) in body.json()["error"]
+        assert srv.get("/ready").status_code == 503
+        r = srv.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+        assert f"appliance serve: model: '{missing}' is not a directory" in srv.log()
+    finally:
+        assert srv.stop() == 0, srv.log()[-2000:]
+
+
 def test_embedded_default_model_in_process():
     """Without a model directory the server serves the embedded demo model."""
     from appliance.config import Settings
