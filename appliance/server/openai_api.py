@@ -17,8 +17,7 @@ import time
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from appliance.server import chat
-from appliance.server.access_log import CLIENT_KEY
-from appliance.server.access_log import USAGE_KEY
+from appliance.server.access_log import CLIENT_KEY, USAGE_KEY
 from appliance.server.reply import Reply
 from appliance.server.scheduler import Finished, QueueFullError, ShuttingDownError
 from appliance.server.errors import APIError
@@ -193,10 +192,12 @@ def _submit(gen: GenerationRequest):
 
 
 def session_key() -> str | None:
-    """The conversation a request belongs to: its X-Session-Id."""
+    """The conversation a request belongs to: its X-Session-Id, else the name of its API key
+    (never the key itself: the scheduler logs it)."""
     value = request.headers.get(SESSION_HEADER)
     if value is None:
-        return None
+        client = request.environ.get(CLIENT_KEY)
+        return client if client not in (None, "-") else None
     value = value.strip()
     if not value or len(value) > MAX_SESSION_CHARS or not value.isprintable():
         raise APIError(f"{SESSION_HEADER}: expected 1-{MAX_SESSION_CHARS} printable characters", param=SESSION_HEADER,

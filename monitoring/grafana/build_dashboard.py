@@ -21,6 +21,11 @@ B = 'board=~"$board"'
 # Grafana's rate window, and what the fleet-wide decode quantiles are computed from.
 DECODE = f"sum by (le) (rate(appliance_decode_token_seconds_bucket{{{B}}}[$__rate_interval]))"
 
+# A board counts once in the board counts, however many appliance instances it runs: up
+# (loaded) only when every instance is.
+UP = f'min by (board) (up{{job="appliance", {B}}})'
+LOADED = f"min by (board) (appliance_model_loaded{{{B}}})"
+
 PANELS = [
     ("Fleet at a glance", [
         ("timeseries", "Fleet decode ms/token (p50, p95, p99)", "ms",
@@ -34,13 +39,12 @@ PANELS = [
         ("timeseries", "Boards by state", "none",
          "Serving: up, model loaded, in the load balancer's rotation. Drained: out of rotation (a "
          "rollout, the operator). Loading: up without a model yet. Down: Prometheus cannot scrape it.",
-         [(f"count(up{{job=\"appliance\", {B}}} == 1 and on (board) appliance_model_loaded{{{B}}} == 1 "
+         [(f"count({UP} == 1 and on (board) {LOADED} == 1 "
            f"unless on (board) max by (board) (fleet_loadbalancer_board_drained{{{B}}}) == 1) or vector(0)",
            "serving"),
           (f"count(max by (board) (fleet_loadbalancer_board_drained{{{B}}}) == 1) or vector(0)", "drained"),
-          (f"count(up{{job=\"appliance\", {B}}} == 1 unless on (board) appliance_model_loaded{{{B}}} == 1) "
-           f"or vector(0)", "loading"),
-          (f"count(up{{job=\"appliance\", {B}}} == 0) or vector(0)", "down")], 8),
+          (f"count({UP} == 1 unless on (board) {LOADED} == 1) or vector(0)", "loading"),
+          (f"count({UP} == 0) or vector(0)", "down")], 8),
         ("heatmap", "Temperature across the fleet", "celsius",
          "How many boards sit at each temperature (each board's hottest zone), over time: a fleet "
          "drifting up is the room; a few boards apart from the rest are their heatsinks or fans.",
@@ -48,8 +52,8 @@ PANELS = [
     ]),
     ("Fleet", [
         ("stat", "Boards serving", "none",
-         "Boards whose appliance answers Prometheus (of those selected).",
-         [(f'sum(up{{job="appliance", {B}}})', "serving")], 6),
+         "Boards whose appliance (every instance of it) answers Prometheus (of those selected).",
+         [(f"count({UP} == 1) or vector(0)", "serving")], 6),
         ("stat", "Fleet tokens/s", "none",
          "Generated tokens per second, all selected boards together.",
          [(f"sum(board:appliance_generation_tokens:rate1m{{{B}}})", "tokens/s")], 6),
@@ -59,6 +63,15 @@ PANELS = [
         ("stat", "Boards throttled", "none",
          "Boards with at least one CPU cluster held below its maximum frequency.",
          [(f"count(board:cpu_throttled:max{{{B}}} > 0) or vector(0)", "throttled")], 6),
+    ]),
+    ("Instances", [
+        ("table", "Appliance instances", "none",
+         "Every appliance instance of the selected boards and what it serves: a board with several "
+         "models (appliance_instances) runs one instance per model, each its own unit, port and "
+         "cores; the load balancer routes to them by `model` and path. An instance missing here is "
+         "down (BoardDown names it).",
+         [(f"max by (board, instance_name, served_name, task) (appliance_served_model_info{{{B}}})",
+           "")], 24),
     ]),
     ("Rollouts", [
         ("timeseries", "Out of the load balancer", "none",
@@ -144,7 +157,7 @@ def panel(pid: int, kind: str, title: str, unit: str, description: str, targets,
         "title": title,
         "description": description,
         "datasource": DATASOURCE,
-        "gridPos": {"x": x, "y": y, "w": w, "h": 4 if kind == "stat" else 8},
+        "gridPos": {"x": x, "y": y, "w": w, "h": {"stat": 4, "table": 6}.get(kind, 8)},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "targets": [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": expr,
                      "legendFormat": legend, "range": True}
@@ -153,6 +166,15 @@ def panel(pid: int, kind: str, title: str, unit: str, description: str, targets,
     if kind == "stat":
         p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                         "colorMode": "value", "graphMode": "area", "textMode": "auto"}
+    elif kind == "table":
+        # one row per series of an instant query, its labels the columns
+        for t in p["targets"]:
+            t.update(range=False, instant=True, format="table")
+        p["transformations"] = [{"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value": True},
+            "renameByName": {"board": "Board", "instance_name": "Instance", "served_name": "Model",
+                             "task": "Task"}}}]
+        p["options"] = {"showHeader": True, "sortBy": [{"displayName": "Board", "desc": False}]}
     elif kind == "heatmap":
         # buckets computed by Grafana from the series' values: one cell per degree band and time step
         p["options"] = {"calculate": True, "calculation": {"yBuckets": {"mode": "size", "value": "2"}},

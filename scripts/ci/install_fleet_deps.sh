@@ -13,11 +13,13 @@ CACHE=/var/cache/appliance-fleet
 # Debian root they boot; openssh-client: the controller; prometheus (promtool),
 # prometheus-alertmanager (amtool), node_exporter (the fake sysfs test), systemd
 # (systemd-analyze verify), vagrant (`vagrant validate`); iproute2 + util-linux:
-# namespaces, nsenter; nginx + libnginx-mod-http-js: the load balancer's configuration
-# and its njs router run against stand-in boards.
+# namespaces, nsenter; apt-utils (apt-ftparchive) + gnupg: the fleet's APT repository;
+# openssl: the fleet CA and certificates; nftables: nft checks the firewall's rules;
+# nginx + libnginx-mod-http-js: the load balancer's
+# configuration and its njs router run against stand-in boards.
 PACKAGES=(systemd-container debootstrap openssh-client prometheus prometheus-alertmanager
           prometheus-node-exporter systemd python3-yaml curl iproute2 util-linux vagrant
-          ca-certificates nginx libnginx-mod-http-js)
+          ca-certificates apt-utils gnupg openssl nftables nginx libnginx-mod-http-js)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -36,8 +38,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import ansible, ansiblelint, yaml, jinja2" >/dev/null 2>&1; then
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q install ansible-core ansible-lint pyyaml jinja2
+# passlib + bcrypt: password_hash (the basic-auth credentials of /boards/ and node_exporter;
+# bcrypt 4.1+ breaks passlib 1.7.4's backend detection).
+if ! "$VENV/bin/python" -c "import ansible, ansiblelint, yaml, jinja2, passlib, bcrypt" >/dev/null 2>&1; then
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install ansible-core ansible-lint pyyaml jinja2 passlib \
+    "bcrypt>=4,<4.1"
 fi
 
 # The boards have no internet: their wheels come from this wheelhouse (stamped, so
@@ -47,4 +52,7 @@ scripts/lab/build_wheelhouse.sh "${FLEET_WHEELHOUSE:-$CACHE/wheelhouse}" \
 # The root file system every lab host boots (systemd, sshd, the boards' build tools and the
 # monitoring packages), stamped likewise.
 scripts/lab/build_rootfs.sh "${FLEET_ROOTFS:-$CACHE/rootfs}"
+# Nor do they reach Debian's archive: the fleet's own APT repository, built from the pinned
+# list in ansible/files/apt-packages.txt, is what the controller serves them.
+scripts/lab/build_apt_repo.sh "${FLEET_APT_REPO:-$CACHE/apt-repo}"
 echo "install_fleet_deps: ok (ansible-core $("$VENV/bin/python" -c 'import ansible.release as r; print(r.__version__)'))"

@@ -16,6 +16,7 @@ export FLEET_REQUIRE_TOOLS=1
 export FLEET_LAB_DIR="${FLEET_LAB_DIR:-/tmp/fleet-lab}"
 export FLEET_WHEELHOUSE="${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}"
 export FLEET_ROOTFS="${FLEET_ROOTFS:-/var/cache/appliance-fleet/rootfs}"
+export FLEET_APT_REPO="${FLEET_APT_REPO:-/var/cache/appliance-fleet/apt-repo}"
 
 mkdir -p /run/lock
 exec 9>/run/lock/appliance-fleet-lab.lock
@@ -34,6 +35,7 @@ fi
 # The boards' wheels and the hosts' root must be there already: the tests download nothing.
 scripts/lab/build_wheelhouse.sh "$FLEET_WHEELHOUSE" --check
 scripts/lab/build_rootfs.sh "$FLEET_ROOTFS" --check
+scripts/lab/build_apt_repo.sh "$FLEET_APT_REPO" --check
 
 start=$(date +%s)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs --durations=12 tests/fleet "$@"

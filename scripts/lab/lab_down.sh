@@ -42,7 +42,8 @@ for sig in TERM KILL; do
     pids=$(ip netns pids "$ns" 2>/dev/null)
     [ -n "$pids" ] && kill -s "$sig" $pids 2>/dev/null
   done
-  for f in "$LAB_DIR"/hosts/*/nspawn.pid "$LAB_DIR"/wheelhouse_http.pid "$LAB_DIR"/webhook_receiver.pid; do
+  for f in "$LAB_DIR"/hosts/*/nspawn.pid "$LAB_DIR"/wheelhouse_http.pid "$LAB_DIR"/apt_http.pid \
+           "$LAB_DIR"/webhook_receiver.pid; do
     [ -f "$f" ] && kill -s "$sig" "$(cat "$f")" 2>/dev/null
   done
   [ "$sig" = TERM ] && sleep 1

@@ -11,7 +11,8 @@
 #   scripts/lab/lab_up.sh [N]          (default 3 boards)
 #   env: FLEET_LAB_DIR (default /tmp/fleet-lab, becomes a tmpfs of FLEET_LAB_TMPFS_SIZE=6g),
 #        FLEET_WHEELHOUSE (default /var/cache/appliance-fleet/wheelhouse, build_wheelhouse.sh),
-#        FLEET_ROOTFS (default /var/cache/appliance-fleet/rootfs, build_rootfs.sh)
+#        FLEET_ROOTFS (default /var/cache/appliance-fleet/rootfs, build_rootfs.sh),
+#        FLEET_APT_REPO (default /var/cache/appliance-fleet/apt-repo, build_apt_repo.sh)
 #
 # Writes ansible/inventories/lab/hosts.yml and $FLEET_LAB_DIR/lab.env; enter a host with
 # scripts/lab/lab_exec.sh HOST CMD; tear down with scripts/lab/lab_down.sh (also safe
@@ -21,6 +22,8 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
 WHEELHOUSE=${FLEET_WHEELHOUSE:-/var/cache/appliance-fleet/wheelhouse}
 ROOTFS_LINK=${FLEET_ROOTFS:-/var/cache/appliance-fleet/rootfs}
+APT_REPO=${FLEET_APT_REPO:-/var/cache/appliance-fleet/apt-repo}
+APT_PORT=8082
 N=${1:-3}
 P=flab                      # namespace prefix: flab-ctl, flab-board1, flab-mon, flab-lb
 NET=10.78.0                 # lab subnet, only inside the namespaces
@@ -39,6 +42,7 @@ if ip netns list | grep -q "^$P-"; then
   echo "lab_up: a lab is already up (ip netns list | grep $P-); run scripts/lab/lab_down.sh" >&2; exit 1
 fi
 [ -d "$WHEELHOUSE" ] || { echo "lab_up: no wheelhouse at $WHEELHOUSE (scripts/lab/build_wheelhouse.sh)" >&2; exit 1; }
+[ -f "$APT_REPO/repo/InRelease" ] || { echo "lab_up: no APT repository at $APT_REPO (scripts/lab/build_apt_repo.sh)" >&2; exit 1; }
 "$REPO/scripts/lab/build_rootfs.sh" "$ROOTFS_LINK" --check >/dev/null
 ROOTFS=$(readlink -f "$ROOTFS_LINK")
 for tool in systemd-nspawn nsenter ssh-keygen unshare; do
@@ -93,12 +97,14 @@ start_host() {  # name address
   mkdir -p "$CGROUP/$name" "$CPUACCT/$name"
   # --keep-unit --register=no: no systemd on this machine to register with; the container's
   # console goes to console.log. /srv is a directory of this machine (the fake sysfs).
-  # /proc/sys/net is the host's own network namespace: writable, as on a machine.
+  # /proc/sys/net is the host's own network namespace: writable, as on a machine; so is its
+  # packet filter (CAP_NET_ADMIN there: the firewall role's nftables).
   nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@"' _ \
     "$CGROUP/$name" "$CPUACCT/$name" \
     env SYSTEMD_NSPAWN_API_VFS_WRITABLE=network \
     systemd-nspawn --quiet --boot --register=no --keep-unit --machine="$name" --directory="$hd/root" \
     --network-namespace-path="/run/netns/$ns" --bind="$hd/srv:/srv" --link-journal=no \
+    --capability=CAP_NET_ADMIN \
     > "$hd/console.log" 2>&1 &
   echo $! > "$hd/nspawn.pid"
 }
@@ -143,6 +149,12 @@ done
 nohup setsid ip netns exec "$CTL" python3 -m http.server 8080 --bind "$NET.1" --directory "$WHEELHOUSE" \
   > "$LAB_DIR/wheelhouse_http.log" 2>&1 &
 echo $! > "$LAB_DIR/wheelhouse_http.pid"
+# ... and the fleet's APT repository (the hosts' only package source; its public key goes
+# where the inventory's apt_source_key_file says).
+install -m 644 "$APT_REPO/repo/fleet-archive.asc" "$LAB_DIR/fleet-archive.asc"
+nohup setsid ip netns exec "$CTL" python3 -m http.server "$APT_PORT" --bind "$NET.1" --directory "$APT_REPO/repo" \
+  > "$LAB_DIR/apt_http.log" 2>&1 &
+echo $! > "$LAB_DIR/apt_http.pid"
 nohup setsid ip netns exec "$CTL" python3 "$REPO/scripts/lab/webhook_receiver.py" --bind "$NET.1" \
   --port "$WEBHOOK_PORT" --dir "$LAB_DIR/webhook" > "$LAB_DIR/webhook_receiver.log" 2>&1 &
 echo $! > "$LAB_DIR/webhook_receiver.pid"
@@ -193,7 +205,7 @@ for h in "${HOSTS[@]}"; do
   reachable "$addr" 22 || { echo "lab_up: sshd on $name does not answer; its console:" >&2
                             tail -n 20 "$LAB_DIR/hosts/$name/console.log" >&2; exit 1; }
 done
-for port in 8080 "$WEBHOOK_PORT"; do
+for port in 8080 "$APT_PORT" "$WEBHOOK_PORT"; do
   for _ in $(seq 1 50); do reachable "$NET.1" "$port" && break; sleep 0.1; done
 done
 echo "lab up: $N boards + mon + lb (systemd-nspawn, $ROOTFS) in $LAB_DIR; inventory $INV"

@@ -33,6 +33,7 @@ UPGRADE_SUFFIX = "+fleetlab2"
 BROKEN_SUFFIX = "+fleetlab3"
 LOCK_FILE = "/run/lock/appliance-fleet-lab.lock"
 LAB_CTL = REPO / "scripts/lab/lab_ctl.sh"             # runs in the controller namespace, CPU accounted
+VAULT_PASSWORD_FILE = ANSIBLE_DIR / "inventories/lab/vault-password"     # the lab's vault (not a secret)
 STEPS: dict[str, bool] = {}
 
 # A release whose selftest passes but whose server never becomes ready: `appliance serve`
@@ -119,7 +120,7 @@ class Lab:
         self.count += 1
         log = self.logs / f"{self.count:02d}-{name.replace('.yml', '')}.log"
         env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", ANSIBLE_FORCE_COLOR="0",
-                   ANSIBLE_NOCOLOR="1")
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASSWORD_FILE))
         argv = [LAB_CTL, VENV_BIN / "ansible-playbook", "-i", "inventories/lab/hosts.yml"]
         for inventory in inventories:
             argv += ["-i", inventory]
@@ -179,10 +180,10 @@ class Lab:
             time.sleep(every)
 
     def client_loop(self, name: str, max_seconds: float, pause: float = 0.5, max_tokens: int = 200,
-                    workers: int = 2):
+                    workers: int = 2, api_key: str = API_KEY):
         out, stop = self.root / f"{name}.json", self.root / f"{name}.stop"
         proc = subprocess.Popen([LAB_CTL, sys.executable, REPO / "scripts/lab/client_loop.py", LB,
-                                 "--api-key", API_KEY, "--out", out, "--stop-file", stop, "--max-tokens",
+                                 "--api-key", api_key, "--out", out, "--stop-file", stop, "--max-tokens",
                                  str(max_tokens), "--workers", str(workers), "--max-seconds", str(max_seconds),
                                  "--pause", str(pause)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -236,14 +237,17 @@ def bring_up():
         subprocess.run([REPO / "scripts/lab/lab_down.sh"], capture_output=True, timeout=300)
     wheelhouse = os.environ.get("FLEET_WHEELHOUSE", "/var/cache/appliance-fleet/wheelhouse")
     rootfs = os.environ.get("FLEET_ROOTFS", "/var/cache/appliance-fleet/rootfs")
+    apt_repo = os.environ.get("FLEET_APT_REPO", "/var/cache/appliance-fleet/apt-repo")
     # The tests download nothing: both come from scripts/ci/install_fleet_deps.sh.
     for check in ([REPO / "scripts/lab/build_wheelhouse.sh", wheelhouse, "--check"],
-                  [REPO / "scripts/lab/build_rootfs.sh", rootfs, "--check"]):
+                  [REPO / "scripts/lab/build_rootfs.sh", rootfs, "--check"],
+                  [REPO / "scripts/lab/build_apt_repo.sh", apt_repo, "--check"]):
         fresh = subprocess.run(check, capture_output=True, text=True)
         assert fresh.returncode == 0, fresh.stderr
     if LAB_DIR.exists() and not os.path.ismount(LAB_DIR):
         shutil.rmtree(LAB_DIR)
-    env = dict(os.environ, FLEET_LAB_DIR=str(LAB_DIR), FLEET_WHEELHOUSE=wheelhouse, FLEET_ROOTFS=rootfs)
+    env = dict(os.environ, FLEET_LAB_DIR=str(LAB_DIR), FLEET_WHEELHOUSE=wheelhouse, FLEET_ROOTFS=rootfs,
+               FLEET_APT_REPO=apt_repo)
     try:
         t0 = time.monotonic()
         up = subprocess.run([REPO / "scripts/lab/lab_up.sh", str(len(BOARDS))], env=env, capture_output=True,

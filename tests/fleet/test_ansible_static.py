@@ -8,7 +8,7 @@ import yaml
 
 from conftest import ANSIBLE_DIR, REPO, run, tool
 
-PLAYBOOKS = ["site.yml", "rollout.yml", "bench.yml"]
+PLAYBOOKS = ["site.yml", "rollout.yml", "bench.yml", "rotate_keys.yml"]
 ROLES = sorted(p.name for p in (ANSIBLE_DIR / "roles").iterdir() if p.is_dir())
 
 

@@ -69,6 +69,8 @@ def test_each_listed_key_works_and_its_name_is_logged_and_counted(keys_server):
     assert re.search(r"POST /v1/completions 200 [\d.]+ ms client=billing-app", log), log[-2000:]
     assert re.search(r"GET /v1/models 401 [\d.]+ ms client=-", log), log[-2000:]
     assert not any(key in log for key in [*KEYS.values(), SINGLE]), "a key reached the log"
+    # without X-Session-Id a request's session is its key's name (as the balancer routes it)
+    assert re.search(r"prompt tokens, \d+ from the prefix cache \(session billing-app\)", log), log[-2000:]
     series = client_series(keys_server)
     assert series[("billing-app", "2xx")] >= 2 and series[("kiosk-2", "2xx")] >= 2
     assert series[("api_key", "2xx")] >= 1 and series[("-", "4xx")] >= 1
@@ -94,7 +96,9 @@ def test_rewriting_the_file_revokes_and_adds_keys_without_a_restart(keys_server)
         write_keys(keys_server.keys_path, {"billing-app": KEYS["billing-app"], "kiosk-3": "key-kiosk-00003"})
         assert status(keys_server, KEYS["kiosk-2"]) == 401     # revoked: the very next request
         assert status(keys_server, "key-kiosk-00003") == 200
-        keys_server.keys_path.write_text("billing-app short\n")  # a broken file keeps the last keys
+        broken = keys_server.keys_path.with_name("broken")      # (written whole: a file caught
+        broken.write_text("billing-app short\n")                # mid-write is another matter)
+        os.replace(broken, keys_server.keys_path)                # a broken file keeps the last keys
         assert status(keys_server, "key-kiosk-00003") == 200
         write_keys(keys_server.keys_path, {"billing-app": KEYS["billing-app"], "kiosk-3": "key-kiosk-00003"})
         time.sleep(0.3)
