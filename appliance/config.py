@@ -36,6 +36,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 TASKS = ("chat", "embed", "rerank")
 REASONING_PARSERS = ("qwen3", "none")
 JSON_OBJECT_KEYS = ("chat_template_kwargs",)     # a JSON object as text (a YAML mapping in the file)
+JSON_LIST_KEYS = ("board_instances",)            # a JSON array as text (a YAML list in the file)
 PATH_KEYS = ("model", "sysfs_root", "kv_cache_dir", "api_keys_file")   # "~/models/..." means the user's home, as in a shell
 _SPARSE = SparseConfig()          # sparse attention's defaults
 
@@ -123,6 +124,9 @@ class Settings:
                                                     "(requests may set their own)", low=0, metavar="N")
     reasoning_parser: str = setting("qwen3", "split <think> reasoning into reasoning_content (qwen3), or keep "
                                              "the raw text in content (none)", choices=REASONING_PARSERS)
+    board_instances: str | None = setting(None, "every appliance instance of this board, for the dashboard to "
+                                                "list: a JSON list of {name, port, task, model} (the Ansible "
+                                                "role writes it on a board with several models)", metavar="JSON")
     sysfs_root: str = setting("/sys", "sysfs root the thermal watch reads (tests point it at a fake tree)",
                               flag=False)
     thermal_interval: float = setting(1.0, "seconds between thermal samples", positive=True, unit="seconds",
@@ -208,7 +212,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return _as_float(key, value, source)
     if kind.startswith("bool"):
         return _as_bool(key, value, source)
-    if key in JSON_OBJECT_KEYS and isinstance(value, dict):
+    if (key in JSON_OBJECT_KEYS and isinstance(value, dict)) or (key in JSON_LIST_KEYS and isinstance(value, list)):
         return json.dumps(value)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"{key} ({source}): expected a string, got {value!r}")
@@ -274,9 +278,40 @@ def validate(s: Settings) -> Settings:
                 raise ConfigError(f"{key}: not JSON ({e})") from None
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: expected a JSON object, got {text!r}")
+    if s.board_instances is not None:
+        board_instances(s)
     # A missing model directory is not a settings error: the server still starts and its
     # /health says which directory is missing (a board must not crash-loop where nobody looks).
     return s
+
+
+def board_instances(s: Settings) -> list[dict]:
+    """The board's instances from the board_instances setting: [{name, port, task, model}],
+    checked (ConfigError naming the entry)."""
+    if s.board_instances is None:
+        return []
+    try:
+        entries = json.loads(s.board_instances)
+    except ValueError as e:
+        raise ConfigError(f"board_instances: not JSON ({e})") from None
+    if not isinstance(entries, list):
+        raise ConfigError(f"board_instances: expected a JSON list, got {s.board_instances!r}")
+    out = []
+    for n, entry in enumerate(entries):
+        where = f"board_instances[{n}]"
+        if not isinstance(entry, dict) or set(entry) - {"name", "port", "task", "model"}:
+            raise ConfigError(f"{where}: expected {{name, port, task, model}}, got {entry!r}")
+        name, port, task, model = (entry.get(k) for k in ("name", "port", "task", "model"))
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: expected a non-empty string")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigError(f"{where}.port: expected a port number 1..65535, got {port!r}")
+        if task is not None and task not in TASKS:
+            raise ConfigError(f"{where}.task: {task!r} is not one of {', '.join(TASKS)}")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(f"{where}.model: expected a string")
+        out.append({"name": name, "port": port, "task": task, "model": model})
+    return out
 
 
 def model_dir_problem(s: Settings) -> str | None:

@@ -123,3 +123,25 @@ def test_a_missing_model_directory_is_not_a_settings_error(tmp_path):
     assert model_dir_problem(s) == "model: '/nonexistent/model' is not a directory"
     assert model_dir_problem(load_settings(environ={"APPLIANCE_MODEL": str(tmp_path)})) is None
     assert model_dir_problem(load_settings(environ={})) is None
+
+
+@pytest.mark.parametrize("value, message", [
+    ("[1]", "board_instances[0]: expected {name, port, task, model}, got 1"),
+    ('[{"name": "chat", "port": 0}]', "board_instances[0].port: expected a port number 1..65535, got 0"),
+    ('[{"name": "e", "port": 8081, "task": "draw"}]', "board_instances[0].task: 'draw' is not one of chat, embed, rerank"),
+    ('{"name": "e"}', "board_instances: expected a JSON list, got '{\"name\": \"e\"}'"),
+])
+def test_board_instances_errors_name_the_entry(value, message):
+    with pytest.raises(ConfigError) as e:
+        load_settings(environ={"APPLIANCE_BOARD_INSTANCES": value})
+    assert str(e.value) == message
+
+
+def test_board_instances_from_a_yaml_list(tmp_path):
+    from appliance.config import board_instances
+    f = tmp_path / "s.yml"
+    f.write_text("port: 8081\nboard_instances:\n  - {name: chat, port: 8080, task: chat, model: q}\n"
+                 "  - {name: embed, port: 8081, task: embed}\n")
+    assert board_instances(load_settings(str(f), {})) == [
+        {"name": "chat", "port": 8080, "task": "chat", "model": "q"},
+        {"name": "embed", "port": 8081, "task": "embed", "model": None}]

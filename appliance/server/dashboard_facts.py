@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Callable
 
-from appliance.config import FIELDS, Settings
+from appliance.config import FIELDS, Settings, board_instances
 
 FAMILIES = {"Qwen3Model": "Qwen3", "Qwen3MoeModel": "Qwen3-MoE", "Qwen3VLModel": "Qwen3-VL"}
 FORMATS = {"q8": "Q8_0 (int8)", "q4": "Q4_0 (4-bit)", "f32": "float32"}
@@ -98,6 +98,7 @@ SETTING_ROWS: tuple[tuple[str, str, Callable[[Settings], bool]], ...] = (
     ("reasoning_parser", "Reasoning", lambda s: s.reasoning_parser != FIELDS["reasoning_parser"].default),
     ("served_model_name", "Also answers to", lambda s: s.served_model_name is not None and "," in s.served_model_name),
     ("image_url_hosts", "Image URLs from", lambda s: s.image_url_hosts is not None),
+    ("board_instances", "Instances on this board", lambda s: s.board_instances is not None),
     ("api_key", "API key", lambda s: True),
 )
 
@@ -111,8 +112,15 @@ SETTING_VALUES: dict[str, Callable[[Settings], str]] = {
     "disable_prefix_cache": lambda s: "off (every prompt recomputed)",
     "max_thinking_tokens": lambda s: f"{s.max_thinking_tokens:,} tokens",
     "served_model_name": lambda s: ", ".join(n.strip() for n in s.served_model_name.split(",")[1:]),
+    "board_instances": lambda s: instances_text(s),
     "api_key": lambda s: "required" if s.api_key or getattr(s, "api_keys_file", None) else "not required",
 }
+
+
+def instances_text(s: Settings) -> str:
+    """Each instance of the board with its port, task and model; this server's marked."""
+    return "; ".join(f"{i['name']} on port {i['port']}: {i['task'] or 'task of its checkpoint'}" + (f", {i['model']}" if i["model"] else "")
+                     + (" (this one)" if i["port"] == s.port else "") for i in board_instances(s))
 
 
 def setting_rows(settings: Settings) -> list[tuple[str, str, str]]:

@@ -99,6 +99,25 @@ def test_settings_template_uses_only_keys_the_server_knows():
     assert not unknown, f"settings keys unknown to appliance.config: {unknown}"
 
 
+def test_each_instance_settings_file_lists_the_boards_instances_for_the_dashboard(tmp_path):
+    """A board with several models: every instance's settings name all of them (the dashboard's
+    list), and the file loads in the server's own settings reader; one instance: none."""
+    config = pytest.importorskip("appliance.config")
+    from conftest import render_role_template
+    instances = [{"name": "chat", "port": 8080, "model_name": "Qwen3-1.7B"},
+                 {"name": "embed", "port": 8081, "task": "embed", "served_model_name": "qwen3-embedding,emb"}]
+    text = render_role_template("appliance", "appliance.yml.j2", appliance_instances=instances,
+                                appliance_instance="{{ appliance_instance_list[1] }}")
+    (tmp_path / "embed.yml").write_text(text)
+    settings = config.load_settings(str(tmp_path / "embed.yml"), environ={})
+    assert settings.port == 8081 and config.board_instances(settings) == [
+        {"name": "chat", "port": 8080, "task": None, "model": "Qwen3-1.7B"},
+        {"name": "embed", "port": 8081, "task": "embed", "model": "qwen3-embedding"}]
+    single = yaml.safe_load(render_role_template("appliance", "appliance.yml.j2",
+                                                 appliance_instance="{{ appliance_instance_list[0] }}"))
+    assert single["board_instances"] is None
+
+
 def test_the_settings_file_and_the_api_key_are_never_logged():
     tasks = load(ANSIBLE_DIR / "roles/appliance/tasks/configure.yml")
     settings = next(t for t in tasks if "appliance.yml" in str(t.get("ansible.builtin.template", {})))

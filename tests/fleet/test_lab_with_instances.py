@@ -68,6 +68,11 @@ def test_a_board_runs_a_chat_and_an_embedding_instance_both_reached_by_model(lab
         f"a chat call naming the embedding model must reach it and be refused there: {code} {answer}"
     code, health = lab.get(f"{LB}/boards/board1/embed/health")
     assert code == 200 and json.loads(health)["status"] == "ready", health[:300]
+    code, stats = lab.get(f"{LB}/boards/board1/embed/dashboard/stats")
+    assert code == 200, stats[:300]
+    rows = {label: value for label, value, _ in json.loads(stats)["rows"]["settings"]}
+    assert rows["Instances on this board"].startswith("chat on port 8080: "), rows
+    assert "embed on port 8081: embed, lab-embed (this one)" in rows["Instances on this board"], rows
 
     # Prometheus finds both instances in its file_sd targets (no reload) and scrapes each one
     lab.wait_for("Prometheus scraping board1's two instances", lambda: {

@@ -55,6 +55,15 @@ def test_settings_appear_where_they_mean_something():
     assert tuned["API key"] == "required" and "a-long-key" not in str(tuned)
 
 
+def test_the_boards_instances_are_listed_with_this_one_marked():
+    assert "Instances on this board" not in labels(setting_rows(Settings()))
+    board = '[{"name": "chat", "port": 8080, "task": "chat", "model": "Qwen3-1.7B"}, ' \
+            '{"name": "embed", "port": 8081, "task": "embed", "model": "qwen3-embedding"}, {"name": "x", "port": 8082}]'
+    rows = labels(setting_rows(Settings(port=8081, board_instances=board)))
+    assert rows["Instances on this board"] == ("chat on port 8080: chat, Qwen3-1.7B; embed on port 8081: embed, "
+                                               "qwen3-embedding (this one); x on port 8082: task of its checkpoint")
+
+
 def test_every_setting_row_carries_its_help():
     for _, _, hint in setting_rows(Settings(sparse_attn=True, kv_cache_dir="/x")):
         assert hint and len(hint) > 10
