@@ -189,6 +189,16 @@ class Lab:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         return proc, out, stop
 
+    def playbook_under_load(self, client: str, name: str, *extra: str, inventories=()) -> tuple[int, str, dict]:
+        """A playbook run while a client loop keeps requesting through the balancer: (rc, output,
+        the loop's stats)."""
+        loop = self.client_loop(client, max_seconds=900)
+        try:
+            rc, out = self.playbook(name, *extra, inventories=inventories)
+        finally:
+            stats = self.finish(loop)
+        return rc, out, stats
+
     @staticmethod
     def finish(loop) -> dict:
         proc, out, stop = loop

@@ -119,11 +119,8 @@ def test_rollout_drains_each_board_in_turn_without_a_failed_or_cut_request(lab):
     board leaves the load balancer before its restart and comes back after its gate."""
     need("site")
     before = {b: current_release(lab, b) for b in BOARDS}
-    loop = lab.client_loop("rollout-client", max_seconds=900)
-    try:
-        rc, out = lab.playbook("rollout.yml", "-e", f"appliance_source_dir={LAB_DIR / 'src-v2'}")
-    finally:
-        stats = lab.finish(loop)
+    rc, out, stats = lab.playbook_under_load("rollout-client", "rollout.yml", "-e",
+                                             f"appliance_source_dir={LAB_DIR / 'src-v2'}")
     assert rc == 0, out[-8000:]
     assert_no_request_failed(stats, 30)
     assert out.count("PLAY [Restart the boards that changed") == 3, "expected three batches of one board"
@@ -152,12 +149,9 @@ def test_site_after_a_group_variable_change_restarts_in_batches_without_a_failed
     (override / "hosts.yml").write_text("all:\n  children:\n    boards: {}\n")
     (override / "group_vars" / "boards.yml").write_text("appliance_max_batch: 3\n")
     started = {b: lab.unit(b, "appliance.service", *SERVICE_PROPS) for b in BOARDS}
-    loop = lab.client_loop("site-change-client", max_seconds=900)
-    try:
-        rc, out = lab.playbook("site.yml", "-e", f"appliance_source_dir={LAB_DIR / 'src-v2'}",
-                               inventories=[override / "hosts.yml"])
-    finally:
-        stats = lab.finish(loop)
+    rc, out, stats = lab.playbook_under_load("site-change-client", "site.yml", "-e",
+                                             f"appliance_source_dir={LAB_DIR / 'src-v2'}",
+                                             inventories=[override / "hosts.yml"])
     assert rc == 0, out[-8000:]
     assert_no_request_failed(stats, 30)
     assert out.count("msg: 'restart: settings (in service: drained first)'") == len(BOARDS)
@@ -180,12 +174,9 @@ def test_a_broken_release_is_rolled_back_and_stops_the_rollout_and_an_unreachabl
     started = {b: lab.unit(b, "appliance.service", *SERVICE_PROPS)["ActiveEnterTimestamp"] for b in BOARDS}
     lab.cut_off("board3")
     try:
-        loop = lab.client_loop("broken-client", max_seconds=900)
-        try:
-            rc, out = lab.playbook("rollout.yml", "-e", f"appliance_source_dir={LAB_DIR / 'src-v3'}",
-                                   "-e", "appliance_health_retries=15")
-        finally:
-            stats = lab.finish(loop)
+        rc, out, stats = lab.playbook_under_load("broken-client", "rollout.yml", "-e",
+                                                 f"appliance_source_dir={LAB_DIR / 'src-v3'}",
+                                                 "-e", "appliance_health_retries=15")
     finally:
         lab.cut_off("board3", up=True)
     assert rc != 0, "a failed gate must fail the run"

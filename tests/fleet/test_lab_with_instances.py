@@ -31,12 +31,9 @@ def test_a_board_runs_a_chat_and_an_embedding_instance_both_reached_by_model(lab
     (override / "hosts.yml").write_text("all:\n  children:\n    boards:\n      hosts:\n        board1: {}\n")
     (override / "host_vars" / "board1.yml").write_text(yaml.safe_dump({"appliance_instances": [
         {"name": "chat", "port": 8080, "cpu_affinity": "0", "threads": 1}, EMBED]}))
-    loop = lab.client_loop("instances-client", max_seconds=900)
-    try:
-        rc, out = lab.playbook("site.yml", "-e", f"appliance_source_dir={LAB_DIR / 'src-v2'}",
-                               inventories=[override / "hosts.yml"])
-    finally:
-        stats = lab.finish(loop)
+    rc, out, stats = lab.playbook_under_load("instances-client", "site.yml", "-e",
+                                             f"appliance_source_dir={LAB_DIR / 'src-v2'}",
+                                             inventories=[override / "hosts.yml"])
     assert rc == 0, out[-8000:]
     assert_no_request_failed(stats, 20)
     flat = " ".join(out.split())
