@@ -278,8 +278,7 @@ def validate(s: Settings) -> Settings:
                 raise ConfigError(f"{key}: not JSON ({e})") from None
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: expected a JSON object, got {text!r}")
-    if s.board_instances is not None:
-        board_instances(s)
+    board_instances(s)        # a malformed list is a start-up error, not a dashboard one
     # A missing model directory is not a settings error: the server still starts and its
     # /health says which directory is missing (a board must not crash-loop where nobody looks).
     return s

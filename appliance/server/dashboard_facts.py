@@ -119,8 +119,11 @@ SETTING_VALUES: dict[str, Callable[[Settings], str]] = {
 
 def instances_text(s: Settings) -> str:
     """Each instance of the board with its port, task and model; this server's marked."""
-    return "; ".join(f"{i['name']} on port {i['port']}: {i['task'] or 'task of its checkpoint'}" + (f", {i['model']}" if i["model"] else "")
-                     + (" (this one)" if i["port"] == s.port else "") for i in board_instances(s))
+    def one(i: dict) -> str:
+        model = f", {i['model']}" if i["model"] else ""
+        this = " (this one)" if i["port"] == s.port else ""
+        return f"{i['name']} on port {i['port']}: {i['task'] or 'task of its checkpoint'}{model}{this}"
+    return "; ".join(one(i) for i in board_instances(s))
 
 
 def setting_rows(settings: Settings) -> list[tuple[str, str, str]]:
