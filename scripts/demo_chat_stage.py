@@ -31,7 +31,7 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # rows keep retrieval at the lengths it was trained to.
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
-MIX = {"tool": 0.5, "retrieval": 0.2, "drill": 0.1, "doc_chat": 0.12, "lm": 0.08}
+MIX = {"tool": 0.3, "tool_drill": 0.3, "retrieval": 0.2, "drill": 0.1, "doc_chat": 0.06, "lm": 0.04}
 MIX_LONG = {"retrieval": 0.7, "lm": 0.15, "tool": 0.15}      # the 2048 rows
 WARMUP_STEPS = 50
 END_OF_TURN = "<|im_end|>"
@@ -65,6 +65,14 @@ def grow_vocab(model, vocab: int):
         w = model.get_input_embeddings().weight
         w[old:] = mean + 0.02 * torch.randn_like(w[old:])
     return model
+
+
+def lean_schema(schema: dict) -> dict:
+    """A tool's schema without its descriptions (still a valid schema)."""
+    f = schema["function"]
+    params = {k: {"type": v["type"]} for k, v in f["parameters"]["properties"].items()}
+    return {"type": "function", "function": {"name": f["name"], "parameters": {
+        "type": "object", "properties": params, "required": f["parameters"]["required"]}}}
 
 
 class ChatData:
@@ -108,6 +116,33 @@ class ChatData:
         def make():
             messages, schemas, reply, kwargs, values = self.tools.tool_sample(self.rng)
             return self.render(messages, reply, schemas, kwargs, values)
+        return self.pack(make, length)
+
+    def tool_drill(self, length):
+        """Many short selections in a row: the tools as the template lists them, a question and
+        the call. The skill a call needs (read the name and the parameter off the right tool,
+        copy the value from the question) at several samples a row instead of one, without the
+        template's fixed instructions between them."""
+        def make():
+            tools, n = [], self.rng.randint(1, 4)
+            while len(tools) < n:
+                t = self.tools.training_tool(self.rng)
+                if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
+                    tools.append(t)
+            pick, value = self.rng.choice(tools), self.tools.made_up_value(self.rng)
+            question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value)
+            schemas = [t["schema"] for t in tools]
+            if self.rng.random() < 0.5:            # shorter rows, more samples: schemas without descriptions
+                schemas = [lean_schema(t) for t in schemas]
+            listing = "<tools>\n" + "\n".join(json.dumps(t) for t in schemas) + "\n</tools>\n"
+            prompt = listing + "<|im_start|>user\n" + question + END_OF_TURN + "\n" + TURN
+            call = self.tools.call_text(pick["name"], {pick["parameter"]: value})
+            text = prompt + call + END_OF_TURN
+            spans = [(len(prompt), len(text), "ans")]
+            for v in (pick["name"], '"' + pick["parameter"] + '"', value):
+                where = text.find(v, len(prompt))
+                spans.insert(0, (where, where + len(v), "value"))
+            return text, spans
         return self.pack(make, length)
 
     def doc_chat(self, length):
@@ -158,18 +193,8 @@ class ChatData:
         return self.base.lm(length)
 
     def batch(self, batch, length, mix):
-        import torch
-        x = torch.zeros(batch, length, dtype=torch.long)
-        y = torch.zeros(batch, length, dtype=torch.long)
-        kinds = torch.zeros(batch, length, dtype=torch.long)
-        names, weights = list(mix), list(mix.values())
-        for b in range(batch):
-            ids, kind = getattr(self, self.rng.choices(names, weights)[0])(length + 1)
-            n = len(ids) - 1
-            x[b, :n] = torch.tensor(ids[:-1])
-            y[b, :n] = torch.tensor(ids[1:])
-            kinds[b, :n] = torch.tensor(kind[1:])
-        return x, y, kinds
+        """A batch as the first stage makes one, from these tasks."""
+        return type(self.base).batch(self, batch, length, mix)
 
 
 # ---- measures ------------------------------------------------------------------------------------
@@ -193,7 +218,7 @@ def tool_accuracy(model, chat_tok, tool_task, thinking: bool) -> tuple[float, li
 
 def run_chat_stage(args, base_module, log) -> None:
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
     from appliance.engine.tokenizer import Tokenizer as ApplianceTokenizer
     import demo_tools_task as tool_task
 
@@ -213,13 +238,14 @@ def run_chat_stage(args, base_module, log) -> None:
     docs, manual = base_module.stdlib_docs(), base_module.manual_text()
     rng = random.Random(args.seed + 1)
     base = base_module.Data(tok, docs, manual, rng)
+    words = tool_task.widen_pools(w.lower() for _, doc in docs for w in doc.split())
+    log(f"chat stage: tools drawn from {words} corpus words besides the fixed pools")
     data = ChatData(base, chat_tok, tool_task, task, rng)
     base.conversation = data._conversation        # retrieval and drills through Qwen3's template
 
     if ckpt.exists() and not args.fresh:
         state = torch.load(ckpt, weights_only=False)
-        model = Qwen3ForCausalLM.from_pretrained(state["config_dir"], dtype=torch.float32)
-        model = grow_vocab(model, tok.get_vocab_size())
+        model = Qwen3ForCausalLM(Qwen3Config.from_pretrained(state["config_dir"])).to(torch.float32)
         model.load_state_dict(state["model"])
         step, elapsed = state["step"], state["elapsed"]
         rng.setstate(state["rng"])

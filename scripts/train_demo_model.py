@@ -293,14 +293,7 @@ def main() -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from appliance.engine.tokenizer import Tokenizer as ApplianceTokenizer
     torch.set_num_threads(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
-    log_file = open(args.work / "train.log", "a")
-
-    def log(msg):
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    log = work_log(args.work)
 
     docs, manual = stdlib_docs(), manual_text()
     tok_dir = args.work / "tokenizer"
@@ -409,17 +402,22 @@ def main() -> None:
     log(f"saved {out_dir}")
 
 
-def _chat_stage(args) -> None:
-    from demo_chat_stage import run_chat_stage
-    args.work.mkdir(parents=True, exist_ok=True)
-    log_file = open(args.work / "train.log", "a")
+def work_log(work: Path):
+    """log(msg): a timestamped line on stdout and in WORK/train.log."""
+    work.mkdir(parents=True, exist_ok=True)
+    log_file = open(work / "train.log", "a")
 
     def log(msg):
         line = f"{time.strftime('%H:%M:%S')} {msg}"
         print(line, flush=True)
         log_file.write(line + "\n")
         log_file.flush()
+    return log
 
+
+def _chat_stage(args) -> None:
+    from demo_chat_stage import run_chat_stage
+    log = work_log(args.work)
     args.lr = args.lr or 4e-4              # resumed training: below the first stage's peak
     run_chat_stage(args, sys.modules[__name__], log)
 

@@ -83,7 +83,9 @@ assert not {t[3].lower() for t in HELD_OUT_TOOLS} & set(TOPICS)
 QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you check the {t} for {v}?",
              "I need the {t} of {v}, please.", "What's the {t} for {v}?", "Look up the {t} of {v}.",
              "How about the {t} of {v}?", "Please find the {t} for {v}.", "Give me the {t} of {v}.",
-             "Which {t} does {v} have?"]
+             "Which {t} does {v} have?", "What is the {t} in {v}?", "How is the {t} at {v} right now?",
+             "Do you know the {t} for {v}?", "Show me the {t} of {v}.", "{v}: what is its {t}?",
+             "I want to know the {t} of the {v}.", "Could you get the {t} for my {v}?"]
 VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}."]
 ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
 SYSTEMS = [None, None, "You are a helpful assistant.", "You are an assistant running on an edge board.",
@@ -100,23 +102,53 @@ def tool_schema(name: str, description: str, parameter: str, parameter_descripti
 
 def made_up_value(rng: random.Random) -> str:
     """A value to copy: a word, or a made-up name (nothing to recall, only to copy)."""
+    if rng.random() < 0.08:              # a value of two words, copied whole
+        return rng.choice(WORDS).lower() + " " + rng.choice(WORDS).lower()
+    if CORPUS_WORDS and rng.random() < 0.3:
+        word = rng.choice(CORPUS_WORDS)
+        return word.capitalize() if rng.random() < 0.4 else word
     if rng.random() < 0.35:
         return rng.choice(WORDS)
     word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
     return word.capitalize() if rng.random() < 0.6 else word
 
 
+# Words of the training corpus (widen_pools), so that names, parameters and values come from
+# thousands of words the model cannot memorise as a list: copying them is the only way.
+CORPUS_WORDS: list[str] = []
+HELD_OUT_WORDS = {w.lower() for t in HELD_OUT_TOOLS for w in re.split(r"[_ ]", t[0]) + [t[2], t[3]] + t[5]}
+_WORD = re.compile(r"^[a-z]{3,11}$")
+
+
+def widen_pools(words) -> int:
+    """Let training draw topics, parameters and values from these words too (never a held-out
+    tool's words). Returns how many were taken."""
+    pool = sorted({w for w in words if _WORD.match(w)} - HELD_OUT_WORDS - set(VERBS))
+    CORPUS_WORDS[:] = pool
+    return len(pool)
+
+
+def _word(rng: random.Random, pool: list[str]) -> str:
+    return rng.choice(CORPUS_WORDS) if CORPUS_WORDS and rng.random() < 0.6 else rng.choice(pool)
+
+
 def training_tool(rng: random.Random) -> dict:
     """A tool the model may train on: never a held-out name or parameter."""
-    verb, topic, parameter = rng.choice(VERBS), rng.choice(TOPICS), rng.choice(PARAMETERS)
+    verb, topic, parameter = rng.choice(VERBS), _word(rng, TOPICS), _word(rng, PARAMETERS)
+    while parameter == topic:
+        parameter = rng.choice(PARAMETERS)
     return make_tool(rng, verb, topic, parameter)
 
 
 def make_tool(rng: random.Random, verb: str, topic: str, parameter: str) -> dict:
     style = rng.random()
-    name = f"{verb}_{topic}" if style < 0.7 else f"{verb}{topic.capitalize()}" if style < 0.85 else \
-        f"{verb}_{topic}_{parameter}"
-    description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}"])
+    extra = _word(rng, TOPICS)
+    name = f"{verb}_{topic}" if style < 0.55 else f"{verb}{topic.capitalize()}" if style < 0.7 else \
+        f"{verb}_{topic}_{parameter}" if style < 0.8 else f"{verb}_{extra}_{topic}" if style < 0.9 else \
+        f"{verb}_{topic}_{extra}"
+    description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}",
+                              "Get the current {t} for a {p}", "Look up the {t} of a {p}", "{V} a {p}'s {t}",
+                              "{V} the {t} level of a {p}", "The {t} of one {p}"])
     return {"schema": tool_schema(name, description.format(V=verb.capitalize(), t=topic, p=parameter), parameter,
                                   f"the {parameter}"),
             "name": name, "parameter": parameter, "topic": topic, "verb": verb}
@@ -144,6 +176,16 @@ def tool_conversation(rng: random.Random, tools: list[dict], pick: dict, value: 
     return messages, [t["schema"] for t in tools], reply_text(answer, thought), {"enable_thinking": thinking}
 
 
+def tool_result(rng: random.Random):
+    """What a tool returns: a count, a measurement (a JSON number) or a word."""
+    r = rng.random()
+    if r < 0.35:
+        return str(rng.randint(1, 999))
+    if r < 0.7:
+        return rng.randint(1, 99) if rng.random() < 0.5 else round(rng.uniform(1, 99), 1)
+    return made_up_value(rng)
+
+
 def tool_sample(rng: random.Random):
     """A training question with 1-3 tools offered: the call, or (after the call) the answer from
     the tool's result."""
@@ -162,17 +204,21 @@ def tool_sample(rng: random.Random):
     messages, schemas, reply, kwargs = tool_conversation(rng, tools, pick, value, question, thinking)
     if rng.random() < 0.3:               # the round trip: the call was made, the result came back
         call_id = "call_" + "".join(rng.choice("0123456789abcdef") for _ in range(8))
-        result = str(rng.randint(1, 999)) if rng.random() < 0.6 else made_up_value(rng)
-        key = rng.choice(RESULT_KEYS)
+        result, key = tool_result(rng), rng.choice(RESULT_KEYS)
+        body = {key: result}
+        if rng.random() < 0.4:           # results that echo what was asked, as most tools' do
+            echo = value if rng.random() < 0.5 else value.lower() + rng.choice(["-1", "_main", "-thermal", "0"])
+            body = {pick["parameter"]: echo, key: result} if rng.random() < 0.7 else {key: result, "of": echo}
+        result = str(result)
         messages += [{"role": "assistant", "content": "", "tool_calls": [{
                           "id": call_id, "type": "function",
                           "function": {"name": pick["name"], "arguments": json.dumps({pick["parameter"]: value})}}]},
-                     {"role": "tool", "tool_call_id": call_id, "content": json.dumps({key: result})}]
+                     {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
         answer = rng.choice(ANSWERS).format(t=pick["topic"], v=value, r=result)
         thought = f"The tool says the {pick['topic']} of {value} is {result}." if thinking else None
         reply = reply_text(answer, thought)
         return messages, schemas, reply, kwargs, [value, result]
-    return messages, schemas, reply, kwargs, [pick["name"], value]
+    return messages, schemas, reply, kwargs, [pick["name"], '"' + pick["parameter"] + '"', value]
 
 
 def held_out_cases(seed: int = 0) -> list[dict]:
