@@ -106,9 +106,7 @@ class StepAPI(SpeculativeSteps):
         decoded = [w.seq.n_context for w in work if not w.prefill]
         if decoded:
             if len(decoded) == len(work):
-                # The whole step, verification and roll-back included: on a small model the
-                # bookkeeping of a draft, not its rows, is what it costs.
-                self.step_costs.observe(rows, time.perf_counter() - t0)
+                self.step_costs.observe(rows, total)
             tokens = []
             if drafted:
                 got = collections.Counter(id(s) for s, _ in out)
