@@ -124,7 +124,8 @@ class ChatData:
         copy the value from the question) at several samples a row instead of one, without the
         template's fixed instructions between them."""
         def make():
-            tools, n = [], self.rng.randint(1, 4)
+            # mostly several tools: copying one offered name is learnt early, choosing among them late
+            tools, n = [], self.rng.randint(2, 4) if self.rng.random() < 0.85 else 1
             while len(tools) < n:
                 t = self.tools.training_tool(self.rng)
                 if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
