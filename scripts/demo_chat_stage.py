@@ -125,11 +125,7 @@ class ChatData:
         template's fixed instructions between them."""
         def make():
             # mostly several tools: copying one offered name is learnt early, choosing among them late
-            tools, n = [], self.rng.randint(2, 4) if self.rng.random() < 0.85 else 1
-            while len(tools) < n:
-                t = self.tools.training_tool(self.rng)
-                if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
-                    tools.append(t)
+            tools = self.tools.distinct_tools(self.rng, self.rng.randint(2, 4) if self.rng.random() < 0.85 else 1)
             pick, value = self.rng.choice(tools), self.tools.made_up_value(self.rng)
             question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value)
             schemas = [t["schema"] for t in tools]

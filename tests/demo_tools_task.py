@@ -176,6 +176,16 @@ def tool_conversation(rng: random.Random, tools: list[dict], pick: dict, value: 
     return messages, [t["schema"] for t in tools], reply_text(answer, thought), {"enable_thinking": thinking}
 
 
+def distinct_tools(rng: random.Random, n: int) -> list[dict]:
+    """n training tools, no two with the same topic or verb (so one question fits one tool)."""
+    tools: list[dict] = []
+    while len(tools) < n:
+        t = training_tool(rng)
+        if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
+            tools.append(t)
+    return tools
+
+
 def tool_result(rng: random.Random):
     """What a tool returns: a count, a measurement (a JSON number) or a word."""
     r = rng.random()
@@ -189,11 +199,7 @@ def tool_result(rng: random.Random):
 def tool_sample(rng: random.Random):
     """A training question with 1-3 tools offered: the call, or (after the call) the answer from
     the tool's result."""
-    tools, n = [], rng.randint(1, 4)
-    while len(tools) < n:
-        t = training_tool(rng)
-        if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
-            tools.append(t)
+    tools = distinct_tools(rng, rng.randint(1, 4))
     pick = rng.choice(tools)
     value = made_up_value(rng)
     if rng.random() < 0.2:               # the question names what to do, not the topic
