@@ -67,6 +67,17 @@ def grow_vocab(model, vocab: int):
     return model
 
 
+def value_spans(text: str, start: int, values) -> list[tuple[int, int, str]]:
+    """Loss spans of the values, each where it first occurs in the reply (text[start:]); the
+    later value first, as the first matching span decides a token's kind."""
+    spans = []
+    for v in values:
+        where = text.find(v, start)
+        if where >= 0:
+            spans.insert(0, (where, where + len(v), "value"))
+    return spans
+
+
 def lean_schema(schema: dict) -> dict:
     """A tool's schema without its descriptions (still a valid schema)."""
     f = schema["function"]
@@ -96,11 +107,7 @@ class ChatData:
                 at += len(TURN)
                 spans.append((at, at + len(old) + len(END_OF_TURN), "ans"))
                 at += len(old)
-        for v in values:
-            where = text.find(v, len(prompt))
-            if where >= 0:
-                spans.insert(0, (where, where + len(v), "value"))
-        return text, spans
+        return text, value_spans(text, len(prompt), values) + spans
 
     def pack(self, make, length):
         """Samples from make() joined as the template joins turns, until about `length` tokens."""
@@ -135,11 +142,8 @@ class ChatData:
             prompt = listing + "<|im_start|>user\n" + question + END_OF_TURN + "\n" + TURN
             call = self.tools.call_text(pick["name"], {pick["parameter"]: value})
             text = prompt + call + END_OF_TURN
-            spans = [(len(prompt), len(text), "ans")]
-            for v in (pick["name"], '"' + pick["parameter"] + '"', value):
-                where = text.find(v, len(prompt))
-                spans.insert(0, (where, where + len(v), "value"))
-            return text, spans
+            values = (pick["name"], '"' + pick["parameter"] + '"', value)
+            return text, value_spans(text, len(prompt), values) + [(len(prompt), len(text), "ans")]
         return self.pack(make, length)
 
     def doc_chat(self, length):

@@ -197,7 +197,7 @@ def tool_result(rng: random.Random):
 
 
 def tool_sample(rng: random.Random):
-    """A training question with 1-3 tools offered: the call, or (after the call) the answer from
+    """A training question with 1-4 tools offered: the call, or (after the call) the answer from
     the tool's result."""
     tools = distinct_tools(rng, rng.randint(1, 4))
     pick = rng.choice(tools)
