@@ -68,30 +68,31 @@ static void ATTN_NAME(importance_unit)(const float *wkeep, const float *shift, c
     }
 }
 
-/* Scratch of one driver thread, for units of up to R query rows: qf float[R, hd] (the unit's
- * query rows, gathered), qq int8[2, R, hd] and qd float[R, hd/QK] (their q8 form), acc float[R, hd],
- * s float[R, ld] (scores, then softmax weights), mx and sum float[R] (running max and sum),
- * work int8[bs, hd]; keeping importance also wkeep float[R, nsel*bs] (the kept weights) and
- * shift float[R, nsel] (the max each block's weights were shifted by). */
+/* Scratch of one driver thread, for units of up to R query rows in each of up to H kv heads: per
+ * head qf float[R, hd] (the unit's query rows, gathered), qq int8[2, R, hd] and qd float[R, hd/QK]
+ * (their q8 form), acc float[R, hd], mx and sum float[R] (running max and sum); shared by the heads
+ * s float[R, ld] (scores, then softmax weights) and work int8[bs, hd]; keeping importance (one
+ * head a unit) also wkeep float[R, nsel*bs] (the kept weights) and shift float[R, nsel] (the max
+ * each block's weights were shifted by). Head hh's rows start at hh * R (hh * R * hd, ...). */
 struct attn_buffers {
     float *qf, *qd, *acc, *s, *mx, *sum, *wkeep, *shift;
     int8_t *qq, *work;
 };
 
 /* This thread's driver scratch, laid out in *b (see attn_scratch); returns the allocation to free. */
-static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64_t R, int64_t hd, int64_t ld,
-                                                   int64_t bs, int64_t nsel, int keep)
+static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64_t R, int64_t H, int64_t hd,
+                                                   int64_t ld, int64_t bs, int64_t nsel, int keep)
 {
     unsigned char *base = NULL;
     for (int carve = 0; carve < 2; carve++) {
         attn_scratch sc = {base, 0};
-        b->qf = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
-        b->qq = scratch_take(&sc, (size_t)(2 * R * hd));
-        b->qd = scratch_take(&sc, (size_t)(R * (hd / QK)) * sizeof(float));
-        b->acc = scratch_take(&sc, (size_t)(R * hd) * sizeof(float));
+        b->qf = scratch_take(&sc, (size_t)(H * R * hd) * sizeof(float));
+        b->qq = scratch_take(&sc, (size_t)(H * 2 * R * hd));
+        b->qd = scratch_take(&sc, (size_t)(H * R * (hd / QK)) * sizeof(float));
+        b->acc = scratch_take(&sc, (size_t)(H * R * hd) * sizeof(float));
         b->s = scratch_take(&sc, (size_t)(R * ld) * sizeof(float));
-        b->mx = scratch_take(&sc, (size_t)R * sizeof(float));
-        b->sum = scratch_take(&sc, (size_t)R * sizeof(float));
+        b->mx = scratch_take(&sc, (size_t)(H * R) * sizeof(float));
+        b->sum = scratch_take(&sc, (size_t)(H * R) * sizeof(float));
         b->wkeep = scratch_take(&sc, keep ? (size_t)(R * nsel * bs) * sizeof(float) : 0);
         b->shift = scratch_take(&sc, keep ? (size_t)(R * nsel) * sizeof(float) : 0);
         b->work = scratch_take(&sc, (size_t)(bs * hd));
@@ -116,6 +117,7 @@ struct attn_job {
     int kind;
     const float *q;
     int64_t n_kv, group, hd, bs, ld, R, nsel_max;
+    int64_t hper;                 /* kv heads per unit (a range of them) */
     const void *k, *v;
     const float *ks, *vs;
     const int32_t *table, *blockpos, *count, *qpos;
@@ -166,6 +168,12 @@ static void ATTN_NAME(merge_parts)(const float *parts, int64_t nsplits, int64_t 
     }
 }
 
+/* The first row of the slab of listed entry i of kv head h (its list: list0 + h * stride). */
+static inline int64_t slab_row0(const struct attn_job *j, const struct attn_seq *sq, int64_t h, int64_t i)
+{
+    return ((int64_t)j->table[sq->list0 + h * sq->stride + i] * j->n_kv + h) * j->bs;
+}
+
 static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
 {
     struct attn_job *j = ctx;
@@ -180,10 +188,13 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
     }
     const struct attn_seq *sq = &j->seqs[lo];
     const int64_t kind = j->kind, n_kv = j->n_kv, group = j->group, hd = j->hd, bs = j->bs, ld = j->ld;
-    const int64_t Hq = n_kv * group, nb = hd / QK;
+    const int64_t Hq = n_kv * group, nb = hd / QK, R = j->R;
     const int64_t local = unit - sq->unit0;
-    const int64_t h = local / (sq->ntiles * sq->nsplits);
+    const int64_t hg = local / (sq->ntiles * sq->nsplits);
     const int64_t tile = local / sq->nsplits % sq->ntiles, part = local % sq->nsplits;
+    /* kv heads h0 .. h1-1, walked block by block: the slabs of one listed block lie side by side
+     * (head-major inside a block), so with a shared list K and V are read in memory order. */
+    const int64_t h0 = hg * j->hper, h1 = h0 + j->hper < n_kv ? h0 + j->hper : n_kv, nh = h1 - h0;
     /* Latest queries, which see the most rows, first: the pool's counter then ends on short units. */
     const int64_t t1 = sq->T - tile * sq->qtile;
     const int64_t t0 = t1 - sq->qtile > 0 ? t1 - sq->qtile : 0;
@@ -191,129 +202,144 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
     const int64_t rows = qt * group;   /* row r: query t0 + r / group, head h*group + r % group */
     const int64_t i0 = part * ATTN_SPLIT_BLOCKS;
     const int64_t i1 = i0 + ATTN_SPLIT_BLOCKS < sq->nsel ? i0 + ATTN_SPLIT_BLOCKS : sq->nsel;
-    const int64_t list = sq->list0 + h * sq->stride;
     const int32_t *qpos = j->qpos + sq->row0;
-    float *orow[ATTN_QTILE * ATTN_MAX_GROUP];
-    for (int64_t r = 0; r < rows; r++)
-        orow[r] = j->out + ((sq->row0 + t0 + r / group) * Hq + h * group + r % group) * hd;
+#define OUT_ROW(h, r) (j->out + ((sq->row0 + t0 + (r) / group) * Hq + (h) * group + (r) % group) * hd)
 
     if (j->base[participant] == NULL)
-        j->base[participant] = ATTN_NAME(attention_scratch)(&j->buf[participant], j->R, hd, ld, bs, j->nsel_max,
-                                                            j->keep);
+        j->base[participant] = ATTN_NAME(attention_scratch)(&j->buf[participant], R, j->hper, hd, ld, bs,
+                                                            j->nsel_max, j->keep);
     const struct attn_buffers *b = &j->buf[participant];
     if (j->base[participant] == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t d = 0; d < hd; d++)
-                orow[r][d] = NAN;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t d = 0; d < hd; d++)
+                    OUT_ROW(h, r)[d] = NAN;
         if (j->contrib != NULL)
             for (int64_t i = 0; i < sq->nsel * bs; i++)
                 j->contrib[chunk * sq->nsel * bs + i] = NAN;
         return;
     }
-    float *const qf = b->qf, *const qd = b->qd, *const acc = b->acc, *const s = b->s;
-    float *const mx = b->mx, *const sum = b->sum, *const wkeep = b->wkeep, *const shift = b->shift;
-    int8_t *const qq = b->qq, *const work = b->work;
+    float *const s = b->s, *const wkeep = b->wkeep, *const shift = b->shift;
+    int8_t *const work = b->work;
     const int64_t per_unit = sq->nsel * bs;
 
-    for (int64_t tt = 0; tt < qt; tt++)
-        memcpy(qf + tt * group * hd, j->q + ((sq->row0 + t0 + tt) * Hq + h * group) * hd,
-               (size_t)(group * hd) * sizeof(float));
-    if (kind != KV_F32)
-        attn_quantize_q(qf, rows, hd, qq, qd);
-    for (int64_t r = 0; r < rows; r++) {
-        mx[r] = -INFINITY;
-        sum[r] = 0.0f;
+    for (int64_t hh = 0; hh < nh; hh++) {
+        const int64_t h = h0 + hh;
+        float *const qf = b->qf + hh * R * hd;
+        for (int64_t tt = 0; tt < qt; tt++)
+            memcpy(qf + tt * group * hd, j->q + ((sq->row0 + t0 + tt) * Hq + h * group) * hd,
+                   (size_t)(group * hd) * sizeof(float));
+        if (kind != KV_F32)
+            attn_quantize_q(qf, rows, hd, b->qq + hh * 2 * R * hd, b->qd + hh * R * nb);
+        for (int64_t r = 0; r < rows; r++) {
+            b->mx[hh * R + r] = -INFINITY;
+            b->sum[hh * R + r] = 0.0f;
+        }
+        memset(b->acc + hh * R * hd, 0, (size_t)(rows * hd) * sizeof(float));
     }
-    memset(acc, 0, (size_t)(rows * hd) * sizeof(float));
     if (j->contrib != NULL)
         for (int64_t r = 0; r < rows * sq->nsel; r++)
             shift[r] = -INFINITY;   /* block never scored for this row: weight 0 */
 
     for (int64_t i = i0; i < i1; i++) {
-        const int64_t idx = list + i;
-        const int64_t p0 = (int64_t)j->blockpos[idx] * bs;
-        int64_t vis[ATTN_QTILE];   /* rows of this block visible to each query */
-        int64_t n = 0;             /* ... to any of them */
-        for (int64_t tt = 0; tt < qt; tt++) {
-            int64_t c = j->count[idx];
-            const int64_t upto = (int64_t)qpos[t0 + tt] - p0 + 1;
-            if (upto < c)
-                c = upto;
-            vis[tt] = c > 0 ? c : 0;
-            n = vis[tt] > n ? vis[tt] : n;
-        }
-        if (n <= 0)
-            continue;
-        const int64_t row0 = ((int64_t)j->table[idx] * n_kv + h) * bs;  /* first row of the slab */
-        /* K of the next listed block now, its V after this block's scores. (Prefetching 2, 4
-         * or 8 blocks ahead, or into L2 only, measured the same at 4K context, cold: the
-         * scan is not waiting on the next slab's first lines.) */
-        const int64_t next0 = i + 1 < i1 ? ((int64_t)j->table[idx + 1] * n_kv + h) * bs : -1;
-        if (next0 >= 0)
-            prefetch_rows(kind, j->k, j->ks, next0, bs, hd);
+        for (int64_t hh = 0; hh < nh; hh++) {
+            const int64_t h = h0 + hh;
+            const int64_t idx = sq->list0 + h * sq->stride + i;
+            const float *const qf = b->qf + hh * R * hd, *const qd = b->qd + hh * R * nb;
+            const int8_t *const qq = b->qq + hh * 2 * R * hd;
+            float *const acc = b->acc + hh * R * hd, *const mx = b->mx + hh * R, *const sum = b->sum + hh * R;
+            const int64_t p0 = (int64_t)j->blockpos[idx] * bs;
+            int64_t vis[ATTN_QTILE];   /* rows of this block visible to each query */
+            int64_t n = 0;             /* ... to any of them */
+            for (int64_t tt = 0; tt < qt; tt++) {
+                int64_t c = j->count[idx];
+                const int64_t upto = (int64_t)qpos[t0 + tt] - p0 + 1;
+                if (upto < c)
+                    c = upto;
+                vis[tt] = c > 0 ? c : 0;
+                n = vis[tt] > n ? vis[tt] : n;
+            }
+            if (n <= 0)
+                continue;
+            const int64_t row0 = slab_row0(j, sq, h, i);   /* first row of the slab */
+            /* K of the next slab in this unit's order (the next head's, or the first head's of
+             * the next block) now, its V after this slab's scores. (Prefetching 2, 4 or 8 blocks
+             * ahead, or into L2 only, measured the same at 4K context, cold.) */
+            const int64_t next0 = hh + 1 < nh ? slab_row0(j, sq, h + 1, i) : i + 1 < i1 ? slab_row0(j, sq, h0, i + 1) : -1;
+            if (next0 >= 0)
+                prefetch_rows(kind, j->k, j->ks, next0, bs, hd);
 
-        if (kind == KV_Q8)
-            attn_scores_q8(qq, qd, rows, hd, (const int8_t *)j->k + row0 * hd, j->ks + row0, n, j->scale, s, ld);
-        else if (kind == KV_Q4)
-            attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)j->k + row0 * hd / 2, j->ks + row0 * nb, n,
-                           j->scale, s, ld, work);
-        else
-            attn_scores_f32(qf, rows, hd, (const float *)j->k + row0 * hd, n, j->scale, s, ld);
+            if (kind == KV_Q8)
+                attn_scores_q8(qq, qd, rows, hd, (const int8_t *)j->k + row0 * hd, j->ks + row0, n, j->scale, s, ld);
+            else if (kind == KV_Q4)
+                attn_scores_q4(qq, qd, rows, hd, (const uint8_t *)j->k + row0 * hd / 2, j->ks + row0 * nb, n,
+                               j->scale, s, ld, work);
+            else
+                attn_scores_f32(qf, rows, hd, (const float *)j->k + row0 * hd, n, j->scale, s, ld);
 
-        for (int64_t r = 0; r < rows; r++) {
-            float *sr = s + r * ld;
-            const int64_t nr = vis[r / group];
-            if (nr > 0) {
-                const float bmax = attn_max(sr, nr);
-                if (bmax > mx[r]) {
-                    if (mx[r] > -INFINITY) {   /* nothing accumulated yet otherwise */
-                        const float f = expf(mx[r] - bmax);
-                        sum[r] *= f;
-                        attn_scale(acc + r * hd, hd, f);
+            for (int64_t r = 0; r < rows; r++) {
+                float *sr = s + r * ld;
+                const int64_t nr = vis[r / group];
+                if (nr > 0) {
+                    const float bmax = attn_max(sr, nr);
+                    if (bmax > mx[r]) {
+                        if (mx[r] > -INFINITY) {   /* nothing accumulated yet otherwise */
+                            const float f = expf(mx[r] - bmax);
+                            sum[r] *= f;
+                            attn_scale(acc + r * hd, hd, f);
+                        }
+                        mx[r] = bmax;
                     }
-                    mx[r] = bmax;
+                    sum[r] += attn_exp_shift(sr, nr, mx[r]);
                 }
-                sum[r] += attn_exp_shift(sr, nr, mx[r]);
+                for (int64_t jj = nr; jj < n; jj++)   /* causally hidden from this query */
+                    sr[jj] = 0.0f;
+                if (j->contrib != NULL && nr > 0) {
+                    memcpy(wkeep + r * per_unit + i * bs, sr, (size_t)n * sizeof(float));
+                    shift[r * sq->nsel + i] = mx[r];
+                }
             }
-            for (int64_t jj = nr; jj < n; jj++)   /* causally hidden from this query */
-                sr[jj] = 0.0f;
-            if (j->contrib != NULL && nr > 0) {
-                memcpy(wkeep + r * per_unit + i * bs, sr, (size_t)n * sizeof(float));
-                shift[r * sq->nsel + i] = mx[r];
-            }
-        }
 
-        if (next0 >= 0)
-            prefetch_rows(kind, j->v, j->vs, next0, bs, hd);
-        if (kind == KV_Q8)
-            attn_accum_q8((const int8_t *)j->v + row0 * hd, j->vs + row0, n, rows, hd, s, ld, acc);
-        else if (kind == KV_Q4)
-            attn_accum_q4((const uint8_t *)j->v + row0 * hd / 2, j->vs + row0 * nb, n, rows, hd, s, ld, acc);
-        else
-            attn_accum_f32((const float *)j->v + row0 * hd, n, rows, hd, s, ld, acc);
+            if (next0 >= 0)
+                prefetch_rows(kind, j->v, j->vs, next0, bs, hd);
+            if (kind == KV_Q8)
+                attn_accum_q8((const int8_t *)j->v + row0 * hd, j->vs + row0, n, rows, hd, s, ld, acc);
+            else if (kind == KV_Q4)
+                attn_accum_q4((const uint8_t *)j->v + row0 * hd / 2, j->vs + row0 * nb, n, rows, hd, s, ld, acc);
+            else
+                attn_accum_f32((const float *)j->v + row0 * hd, n, rows, hd, s, ld, acc);
+        }
     }
 
-    if (sq->nsplits == 1) {
-        /* A query that sees no row gets zeros, not 0/0. */
-        for (int64_t r = 0; r < rows; r++) {
-            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-            for (int64_t d = 0; d < hd; d++)
-                orow[r][d] = acc[r * hd + d] * inv;
+    for (int64_t hh = 0; hh < nh; hh++) {
+        const int64_t h = h0 + hh;
+        const float *const acc = b->acc + hh * R * hd, *const mx = b->mx + hh * R, *const sum = b->sum + hh * R;
+        float *orow[ATTN_QTILE * ATTN_MAX_GROUP];
+        for (int64_t r = 0; r < rows; r++)
+            orow[r] = OUT_ROW(h, r);
+        if (sq->nsplits == 1) {
+            /* A query that sees no row gets zeros, not 0/0. */
+            for (int64_t r = 0; r < rows; r++) {
+                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+                for (int64_t d = 0; d < hd; d++)
+                    orow[r][d] = acc[r * hd + d] * inv;
+            }
+            if (j->contrib != NULL)   /* keeping importance: one head a unit */
+                ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, sq->nsel, bs, sq->list0 + h * sq->stride,
+                                           j->blockpos, j->count, qpos + t0, group, per_unit,
+                                           j->contrib + chunk * per_unit);
+            continue;
         }
-        if (j->contrib != NULL)
-            ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, sq->nsel, bs, list, j->blockpos,
-                                       j->count, qpos + t0, group, per_unit, j->contrib + chunk * per_unit);
-        return;
+        /* One part of several: keep it; the thread that scans the pair's last part merges them all. */
+        const int64_t pair = sq->group0 + h * sq->ntiles + tile;
+        float *mine = j->parts + sq->part0 + ((h * sq->ntiles + tile) * sq->nsplits + part) * R * (hd + 2);
+        memcpy(mine, acc, (size_t)(rows * hd) * sizeof(float));
+        memcpy(mine + R * hd, mx, (size_t)rows * sizeof(float));
+        memcpy(mine + R * hd + R, sum, (size_t)rows * sizeof(float));
+        if (__atomic_sub_fetch(&j->parts_left[pair], 1, __ATOMIC_ACQ_REL) == 0)
+            ATTN_NAME(merge_parts)(mine - part * R * (hd + 2), sq->nsplits, rows, R, hd, orow);
     }
-    /* One part of several: keep it; the thread that scans the pair's last part merges them all. */
-    const int64_t pair = sq->group0 + h * sq->ntiles + tile;
-    const int64_t R = j->R;
-    float *mine = j->parts + sq->part0 + ((h * sq->ntiles + tile) * sq->nsplits + part) * R * (hd + 2);
-    memcpy(mine, acc, (size_t)(rows * hd) * sizeof(float));
-    memcpy(mine + R * hd, mx, (size_t)rows * sizeof(float));
-    memcpy(mine + R * hd + R, sum, (size_t)rows * sizeof(float));
-    if (__atomic_sub_fetch(&j->parts_left[pair], 1, __ATOMIC_ACQ_REL) == 0)
-        ATTN_NAME(merge_parts)(mine - part * R * (hd + 2), sq->nsplits, rows, R, hd, orow);
+#undef OUT_ROW
 }
 
 /* The driver for several sequences at once (attention_batch) and for one (the others). */
@@ -347,13 +373,29 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
         sq->nsplits = keep || sq->nsel <= ATTN_SPLIT_BLOCKS ? 1 : (sq->nsel + ATTN_SPLIT_BLOCKS - 1) / ATTN_SPLIT_BLOCKS;
         if (sq->nsel <= 0)
             sq->ntiles = 0;   /* nothing listed: zeros (below), no units */
-        sq->unit0 = nunits;
         sq->group0 = npairs;
-        nunits += sq->ntiles * n_kv * sq->nsplits;
         npairs += sq->ntiles * n_kv;
+        nunits += sq->ntiles * sq->nsplits;
         Tmax = sq->T > Tmax ? sq->T : Tmax;
         nsel_max = sq->nsel > nsel_max ? sq->nsel : nsel_max;
         scanned += sq->T * n_kv * sq->nsel * bs;
+    }
+    int nt = kernels_threads(nthreads);
+    /* Short scans (a few thousand rows in all) finish before a sleeping worker wakes up. */
+    if (scanned < ATTN_PARALLEL_MIN_ROWS)
+        nt = 1;
+    /* kv heads per unit: as many as leave about four units a thread (all of them in a long decode
+     * step on few cores), one when keeping importance. A head's arithmetic is the same in any
+     * unit, so the results do not depend on this choice (nor on the threads). */
+    const int64_t want = 2 * (int64_t)nt;
+    int64_t ranges = keep ? n_kv : nunits >= want ? 1 : (want + nunits - 1) / (nunits > 0 ? nunits : 1);
+    ranges = ranges < n_kv ? ranges : n_kv;
+    const int64_t hper = (n_kv + ranges - 1) / ranges;
+    const int64_t ngroups = (n_kv + hper - 1) / hper;
+    nunits = 0;
+    for (int64_t si = 0; si < nseq; si++) {
+        seqs[si].unit0 = nunits;
+        nunits += seqs[si].ntiles * ngroups * seqs[si].nsplits;
     }
     const int64_t R = (Tmax < ATTN_QTILE ? Tmax : ATTN_QTILE) * group;
     for (int64_t si = 0; si < nseq; si++) {
@@ -363,10 +405,6 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
         if (seqs[si].ntiles == 0)
             memset(out + seqs[si].row0 * n_kv * group * hd, 0, (size_t)(seqs[si].T * n_kv * group * hd) * sizeof(float));
     }
-    int nt = kernels_threads(nthreads);
-    /* Short scans (a few thousand rows in all) finish before a sleeping worker wakes up. */
-    if (scanned < ATTN_PARALLEL_MIN_ROWS)
-        nt = 1;
 
     struct attn_job *j = calloc(1, sizeof *j);
     float *parts = nparts_floats ? malloc((size_t)nparts_floats * sizeof(float)) : NULL;
@@ -386,7 +424,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
                            .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k, .v = v,
                            .ks = ks, .vs = vs, .table = table, .blockpos = blockpos, .count = count,
                            .qpos = qpos, .scale = scale, .out = out, .seqs = seqs, .nseq = nseq,
-                           .parts = parts, .parts_left = parts_left, .keep = keep};
+                           .parts = parts, .parts_left = parts_left, .keep = keep, .hper = hper};
     if (!keep) {
         pool_run(KERNEL_ATTENTION, nt, nunits, ATTN_NAME(attention_unit), j);
     } else {

@@ -1,9 +1,8 @@
 /*
  * AVX2 attention primitives for the shared one-pass driver (attention_impl.h).
  *
- * Scores: per key row, the exact int32 dots of up to four 32-blocks reduce to one int32[4]
- * (reduce4_block_i32) that one FMA scales by qd_b (x ks_b for q4); eight rows' vectors are
- * then summed horizontally together (hsum8x4_ps). V: 32 columns at a time with the accumulators of
+ * Scores: per key row, each 32-block's exact int32 dot stays in eight lanes, converted and scaled
+ * by qd_b (x ks_b for q4) lane by lane; eight rows' vectors are then summed horizontally together. V: 32 columns at a time with the accumulators of
  * one or two query heads in registers, every V row converted to float once for both heads.
  */
 #include "../internal.h"
@@ -23,20 +22,30 @@ static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq
     }
 }
 
-/* Block scales c[b0..b0+3], zero past nb. */
-ALWAYS_INLINE __m128 block_scales(const float *c, int64_t b0, int64_t nb)
+/* One key row against one query head: its block dots as floats, each times its block scale,
+ * lane by lane (qd_b, or qd_b * ks[b] with per-block key scales); the caller sums the lanes.
+ * No horizontal sum per block: a block's int32 dot is exact in any lane order, and the lanes
+ * are added once per row, eight rows together. */
+ALWAYS_INLINE __m256 key_row_dots(const int per_block_ks, const int64_t nb, const int8_t *aq, const int8_t *qg,
+                                  const float *qdg, const int8_t *kr, const float *ksr)
 {
-    if (b0 + 4 <= nb)
-        return _mm_loadu_ps(c + b0);
-    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b = b0; b < nb; b++)
-        t[b - b0] = c[b];
-    return _mm_loadu_ps(t);
+    __m256 f = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i d = dot_i8_abs(_mm256_loadu_si256((const __m256i *)(aq + b * QK)),
+                                     _mm256_loadu_si256((const __m256i *)(qg + b * QK)),
+                                     _mm256_loadu_si256((const __m256i *)(kr + b * QK)));
+        const __m256 c = _mm256_set1_ps(per_block_ks ? qdg[b] * ksr[b] : qdg[b]);
+        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), c, f);
+    }
+    return f;
 }
 
 /* Scores of query head rows against n int8 key rows k int8[n, hd].
  * q8: s = (sum_b dot_b * qd_b) * (ks[j] * scale)   (ks float[n], one scale per row)
- * q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale (ks float[n, nb]) */
+ * q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale (ks float[n, nb])
+ * Eight rows at a time, their lane sums folded pairwise as they come (hsum8_ps's order), so few
+ * vectors are live and none spills. A row's score does not depend on its neighbours: rows past
+ * n count as zero vectors, so a key row scores the same in a full group and in a tail. */
 ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, const int8_t *qq,
                                   const float *qd, int64_t group, int64_t hd, const int8_t *k,
                                   const float *ks, int64_t n, float scale, float *s, int64_t ld)
@@ -49,28 +58,14 @@ ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, cons
         const float *qdg = qd + g * nb;
         for (int64_t j0 = 0; j0 < n; j0 += 8) {
             const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
-            __m128 v[8];
-            for (int jj = 0; jj < 8; jj++) {
-                v[jj] = _mm_setzero_ps();
-                if (jj >= cnt)
-                    continue;
-                const int8_t *kr = k + (j0 + jj) * hd;
-                for (int64_t b0 = 0; b0 < nb; b0 += 4) {
-                    __m256i d[4];
-                    for (int u = 0; u < 4; u++) {
-                        const int64_t b = b0 + u;
-                        d[u] = b < nb ? dot_i8_abs(_mm256_loadu_si256((const __m256i *)(aq + b * QK)),
-                                                   _mm256_loadu_si256((const __m256i *)(qg + b * QK)),
-                                                   _mm256_loadu_si256((const __m256i *)(kr + b * QK)))
-                                      : _mm256_setzero_si256();
-                    }
-                    __m128 c = block_scales(qdg, b0, nb);
-                    if (per_block_ks)
-                        c = _mm_mul_ps(c, block_scales(ks + (j0 + jj) * nb, b0, nb));
-                    v[jj] = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4_block_i32(d[0], d[1], d[2], d[3])), c, v[jj]);
-                }
-            }
-            __m256 sums = hsum8x4_ps(v);
+#define ROW(jj) ((jj) < cnt ? key_row_dots(per_block_ks, nb, aq, qg, qdg, k + (j0 + (jj)) * hd, \
+                                           ks + (j0 + (jj)) * nb) : _mm256_setzero_ps())
+            __m256 h0 = _mm256_hadd_ps(ROW(0), ROW(1));
+            h0 = _mm256_hadd_ps(h0, _mm256_hadd_ps(ROW(2), ROW(3)));
+            __m256 h1 = _mm256_hadd_ps(ROW(4), ROW(5));
+            h1 = _mm256_hadd_ps(h1, _mm256_hadd_ps(ROW(6), ROW(7)));
+#undef ROW
+            __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
             float tmp[8];
             if (per_block_ks) {
                 sums = _mm256_mul_ps(sums, vscale);
@@ -272,8 +267,6 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
         x[j] *= y[j];
 }
 
-#include "../attention_accum_simd.h"
-
 static float attn_max(const float *s, int64_t n)
 {
     __m256 m8 = _mm256_set1_ps(-INFINITY);
@@ -285,6 +278,8 @@ static float attn_max(const float *s, int64_t n)
         m = s[j] > m ? s[j] : m;
     return m;
 }
+
+#include "../attention_accum_simd.h"
 
 static float attn_exp_shift(float *s, int64_t n, float m)
 {

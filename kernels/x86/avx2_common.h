@@ -58,14 +58,6 @@ ALWAYS_INLINE __m128i reduce4_block_i32(__m256i a, __m256i b, __m256i c, __m256i
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-/* Eight float[4] vectors -> their eight horizontal sums, in order. */
-ALWAYS_INLINE __m256 hsum8x4_ps(const __m128 v[8])
-{
-    const __m256 u0 = _mm256_set_m128(v[4], v[0]), u1 = _mm256_set_m128(v[5], v[1]);
-    const __m256 u2 = _mm256_set_m128(v[6], v[2]), u3 = _mm256_set_m128(v[7], v[3]);
-    return _mm256_hadd_ps(_mm256_hadd_ps(u0, u1), _mm256_hadd_ps(u2, u3));
-}
-
 /* Eight float[8] vectors -> their eight horizontal sums, in order. */
 ALWAYS_INLINE __m256 hsum8_ps(const __m256 v[8])
 {
