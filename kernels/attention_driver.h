@@ -6,7 +6,9 @@
  * for all query rows of the unit (up to ATTN_QTILE queries x the kv head's group), each
  * row's running max is raised once for the block (one rescale of acc and of the sum), then
  * V rows are read once and accumulated for all rows. Every K and V row is read exactly
- * once per (tile of queries, kv head): once per query head group in decode.
+ * once per (tile of queries, kv head): once per query head group in decode. A unit walks its
+ * kv heads block by block, so that with the list shared by the heads (exact attention) the
+ * slabs it reads lie side by side and K and V stream in memory order.
  *
  * Importance (block-sparse prefill, docs/engine.md): with `importance` set, the same pass also adds
  * to importance[position] the softmax weight every query head gives every listed row. Each
@@ -103,7 +105,7 @@ static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64
 }
 
 /* One sequence of a call, as the driver cuts it into units: a unit is a tile of up to ATTN_QTILE
- * of its queries x one kv head x one part of that head's block list (ATTN_SPLIT_BLOCKS listed
+ * of its queries x a range of kv heads x one part of their block lists (ATTN_SPLIT_BLOCKS listed
  * blocks; long lists are scanned in parts by several threads and the parts merged). */
 struct attn_seq {
     int64_t row0, T;              /* its queries: rows row0 .. row0+T-1 of q, out and qpos */
