@@ -176,12 +176,17 @@ def tool_conversation(rng: random.Random, tools: list[dict], pick: dict, value: 
     return messages, [t["schema"] for t in tools], reply_text(answer, thought), {"enable_thinking": thinking}
 
 
-def distinct_tools(rng: random.Random, n: int) -> list[dict]:
-    """n training tools, no two with the same topic or verb (so one question fits one tool)."""
+def distinct_tools(rng: random.Random, n: int, same_verb: bool = False) -> list[dict]:
+    """n training tools, no two with the same topic (so one question fits one tool); verbs differ
+    too unless same_verb, where they may repeat (get_weather beside get_timezone): then the topic
+    alone tells the tools apart, and the question names it."""
     tools: list[dict] = []
     while len(tools) < n:
         t = training_tool(rng)
-        if all(t["topic"] != u["topic"] and t["verb"] != u["verb"] for u in tools):
+        if same_verb and tools and rng.random() < 0.7:
+            t = make_tool(rng, rng.choice(tools)["verb"], t["topic"], t["parameter"])
+        if all(t["topic"] != u["topic"] and (same_verb or t["verb"] != u["verb"]) and t["name"] != u["name"]
+               for u in tools):
             tools.append(t)
     return tools
 
@@ -199,10 +204,11 @@ def tool_result(rng: random.Random):
 def tool_sample(rng: random.Random):
     """A training question with 1-4 tools offered: the call, or (after the call) the answer from
     the tool's result."""
-    tools = distinct_tools(rng, rng.randint(1, 4))
+    same_verb = rng.random() < 0.3
+    tools = distinct_tools(rng, rng.randint(1, 4), same_verb)
     pick = rng.choice(tools)
     value = made_up_value(rng)
-    if rng.random() < 0.2:               # the question names what to do, not the topic
+    if not same_verb and rng.random() < 0.2:     # the question names what to do, not the topic
         question = rng.choice(VERB_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], v=value)
     else:
         question = rng.choice(QUESTIONS).format(t=pick["topic"], v=value)
