@@ -92,6 +92,20 @@ def test_attention_decode_long_context_threads(kind):
         assert np.array_equal(outs[path, 1], outs[path, 2])
 
 
+@pytest.mark.parametrize("per_head", (False, True))
+def test_attention_head_ranges_give_the_same_bits(per_head):
+    """A unit walks a range of kv heads block by block; how many heads a range holds follows the
+    thread count (8 heads at 1 thread here, 1 at 8 threads), and must not change a bit, with the
+    list shared by the heads or each head's own (sparse attention's)."""
+    rng = np.random.default_rng(11)
+    case = make_case(rng, 1, 8, 2, 128, 32, 1000, per_head=per_head, nsel=20 if per_head else None)
+    for kind in ("q8", "q4"):
+        for path in PATHS:
+            outs = [_run(kind, case, path, threads)[0] for threads in (1, 2, 4, 8)]
+            for out in outs[1:]:
+                assert np.array_equal(outs[0], out)
+
+
 def test_attention_causal_inside_a_block_and_nothing_visible():
     """Queries at positions inside the last block see only up to themselves; a query before
     every listed position gets zeros."""
