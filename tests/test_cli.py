@@ -36,6 +36,9 @@ def test_bench_json(tiny_qwen3_dir):
     rows = json.loads(r.stdout)["exact"]["rows"]
     assert [row["context"] for row in rows] == [16, 64]
     assert all(row["decode_ms_per_token"] > 0 and 0 <= row["attn_share"] <= 1 for row in rows)
+    # the rest of a step (outside GEMMs and attention) is part of it, never more
+    assert all(0 < row["rest_ms_per_token"] < row["decode_ms_per_token"] and 0 < row["rest_share"] < 1
+               for row in rows)
     assert rows[0]["kv_bytes_per_token_per_layer"] == 2 * 2 * (32 + 4)
 
 

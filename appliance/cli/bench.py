@@ -2,7 +2,8 @@
 
 Each context gets a fresh sequence of deterministic pseudo-random tokens (the cost
 of a token does not depend on which tokens they are), a timed prefill, then `gen`
-greedy decode steps. Medians, from the engine's own step statistics.
+greedy decode steps. Medians, from the engine's own step statistics; "rest" is the step
+outside its GEMMs and attention (norms, RoPE, SiLU, sampling, Python), with its share.
 For a mixture-of-experts model, also the experts run per decoded token (over all
 MoE layers), the share of all experts run since load, and the process's resident
 memory after the context's run: the experts that never ran stay on disk.
@@ -68,6 +69,7 @@ def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[di
         prefill_s = statistics.median(p.total_s for p in prefills)
         total = statistics.median(d.total_s for d in decodes) if decodes else float("nan")
         attn = statistics.median(d.attn_s for d in decodes) if decodes else float("nan")
+        rest = statistics.median(d.rest_s for d in decodes) if decodes else float("nan")
         rows.append({
             "context": n,
             "prefill_s": prefill_s,
@@ -77,6 +79,8 @@ def run_bench(engine, contexts: list[int], gen: int, repeat: int = 1) -> list[di
             "decode_ms_per_token": 1e3 * total,
             "attn_ms_per_token": 1e3 * attn,
             "attn_share": attn / total if total else 0.0,
+            "rest_ms_per_token": 1e3 * rest,
+            "rest_share": rest / total if total else 0.0,
             "decode_steps": len(decodes),
             "kv_bytes_per_token_per_layer": engine.cache.bytes_per_token_per_layer,
         })
@@ -101,11 +105,12 @@ def format_table(engine, rows: list[dict]) -> str:
                  f"MoE layers; experts run: share of all experts run since load; RSS after the context's run)")
     lines = [head,
              f"{'context':>8} {'prefill tok/s':>14} {'decode ms/tok':>14} {'attn ms/tok':>12} "
-             f"{'attn share':>11} {'KV B/tok/layer':>15}"
+             f"{'attn share':>11} {'rest ms/tok':>12} {'KV B/tok/layer':>15}"
              + (f" {'experts/tok':>11} {'experts run':>12} {'RSS MiB':>8}" if moe else "")]
     for r in rows:
         lines.append(f"{r['context']:>8} {r['prefill_tokens_per_s']:>14.1f} {r['decode_ms_per_token']:>14.2f} "
                      f"{r['attn_ms_per_token']:>12.2f} {100 * r['attn_share']:>10.1f}% "
+                     f"{r['rest_ms_per_token']:>6.2f} {100 * r['rest_share']:>4.1f}% "
                      f"{r['kv_bytes_per_token_per_layer']:>15}"
                      + (f" {r['experts_per_token']:>11.1f} {100 * r['experts_run_share']:>11.1f}% "
                         f"{r['rss_bytes'] / MIB:>8.0f}" if moe else ""))

@@ -51,9 +51,15 @@ class DecodeStats:
     def attn_share(self) -> float:
         return self.attn_s / self.total_s if self.total_s > 0 else 0.0
 
+    @property
+    def rest_s(self) -> float:
+        """The step outside its GEMMs and attention: norms, RoPE, SiLU, sampling and the Python
+        around them (the fixed cost a step pays whatever the weights and the context)."""
+        return max(0.0, self.total_s - self.gemm_s - self.attn_s)
+
     def log_line(self) -> str:
         return (f"[decode] n={self.n_context} total_ms={1e3 * self.total_s:.2f} "
-                f"attn_ms={1e3 * self.attn_s:.2f} gemm_ms={1e3 * self.gemm_s:.2f}")
+                f"attn_ms={1e3 * self.attn_s:.2f} gemm_ms={1e3 * self.gemm_s:.2f} rest_ms={1e3 * self.rest_s:.2f}")
 
 
 @dataclass
