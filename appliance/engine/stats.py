@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 log = logging.getLogger("appliance.profile")
@@ -76,30 +75,53 @@ class VisionStats:
                 f"total_s={self.total_s:.3f} gemm_s={self.gemm_s:.3f} attn_s={self.attn_s:.3f}")
 
 
+class _Section:
+    """One named section of a step, a reusable context manager: a decode step enters about 140
+    of them, and a generator-based one cost ~3 us each against ~1 us here. Entered again while
+    open, it counts the time once."""
+
+    __slots__ = ("seconds", "_depth", "_t0")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._t0 = 0.0
+
+    def __enter__(self) -> "_Section":
+        if self._depth == 0:
+            self._t0 = time.perf_counter()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+        return False
+
+
 class StepTimer:
     """Accumulates time spent in named sections ('gemm', 'attn') during one step."""
 
-    __slots__ = ("gemm_s", "attn_s")
+    __slots__ = ("_gemm", "_attn")
 
     def __init__(self) -> None:
-        self.gemm_s = 0.0
-        self.attn_s = 0.0
+        self._gemm = _Section()
+        self._attn = _Section()
 
-    @contextmanager
-    def gemm(self):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.gemm_s += time.perf_counter() - t0
+    def gemm(self) -> _Section:
+        return self._gemm
 
-    @contextmanager
-    def attn(self):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.attn_s += time.perf_counter() - t0
+    def attn(self) -> _Section:
+        return self._attn
+
+    @property
+    def gemm_s(self) -> float:
+        return self._gemm.seconds
+
+    @property
+    def attn_s(self) -> float:
+        return self._attn.seconds
 
 
 def profiling_enabled() -> bool:
