@@ -34,6 +34,34 @@ def test_top_p_and_min_p_restrict_support():
     assert {min_p(logits) for _ in range(200)} == {0, 1}
 
 
+def _by_the_definition(params: SamplingParams, x: np.ndarray, rng) -> int:
+    """top_k, then top_p and min_p over the whole sorted distribution, drawn in sorted order:
+    what the sampler's partial searches must reproduce draw for draw."""
+    order = np.argsort(-x, kind="stable")[: params.top_k or None]
+    probs = np.exp(x[order].astype(np.float64) - x[order[0]])
+    probs /= probs.sum()
+    cut = probs.size
+    if params.top_p < 1.0:
+        cut = min(cut, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+    if params.min_p > 0.0:
+        cut = min(cut, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
+    return int(order[rng.choice(cut, p=probs[:cut] / probs[:cut].sum())])
+
+
+@pytest.mark.parametrize("spread", (8.0, 1.0, 0.05))     # a nucleus of a few, of hundreds, of all
+@pytest.mark.parametrize("knobs", (dict(top_p=0.9), dict(top_p=0.95, min_p=0.05), dict(min_p=0.2),
+                                   dict(top_k=40, top_p=0.8)))
+def test_top_p_and_min_p_draw_as_the_full_sort_would(spread, knobs):
+    """The sampler looks for top_p's and min_p's tokens among the largest logits first; the
+    tokens and their probabilities, hence every seeded draw, are those of sorting them all."""
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        x = (rng.standard_normal(5000) * spread).astype(np.float32)
+        params = SamplingParams(seed=trial, **knobs)
+        ours, reference_rng = Sampler(params, []), np.random.default_rng(trial)
+        assert [ours(x) for _ in range(8)] == [_by_the_definition(params, x, reference_rng) for _ in range(8)]
+
+
 def test_repetition_penalty_discourages_seen_tokens():
     logits = np.array([2.0, 1.9, 0.0], np.float32)
     assert Sampler(SamplingParams(temperature=0.0, repetition_penalty=1.5), [0])(logits) == 1

@@ -124,24 +124,55 @@ class Sampler:
         return None
 
     def _sample(self, x: np.ndarray) -> int:
+        """A token from softmax(x), restricted by top_k, then top_p and min_p (their mass and
+        ratios over the top_k tokens, or over the whole vocabulary without top_k), drawn in
+        order of decreasing probability. Sorting 150K logits took 10-20 ms a token; the tokens
+        top_p and min_p keep are found among the largest few instead (below)."""
         p = self.params
-        order = None
         if p.top_k and p.top_k < x.size:
             keep = np.argpartition(-x, p.top_k - 1)[: p.top_k]
             order = keep[np.argsort(-x[keep], kind="stable")]
-        else:
-            order = np.argsort(-x, kind="stable")
-        logits = x[order].astype(np.float64)
-        probs = np.exp(logits - logits[0])
-        probs /= probs.sum()
+            logits = x[order].astype(np.float64)
+            probs = np.exp(logits - logits[0])
+            return self._draw(order, probs / probs.sum())
+        top = float(x.max())
+        weights = np.exp(x.astype(np.float64) - top)
+        if p.top_p >= 1.0 and p.min_p <= 0.0:
+            # the whole distribution: no order needed to draw from it
+            return int(self.rng.choice(x.size, p=weights / weights.sum()))
+        total = weights.sum()
+        for n in _CANDIDATES:
+            if n < x.size:
+                keep = np.argpartition(-x, n - 1)[:n]
+                order = keep[np.argsort(-x[keep], kind="stable")]
+            else:
+                order = np.argsort(-x, kind="stable")
+            probs = weights[order] / total
+            if n >= x.size or self._cut(probs) < n:
+                return self._draw(order, probs)
+        raise AssertionError("unreachable: the last candidate set is the vocabulary")
+
+    def _cut(self, probs: np.ndarray) -> int:
+        """How many of the most likely tokens (probs sorted, normalised over the support) top_p
+        and min_p keep: at most probs.size, which means "maybe more" for a partial list."""
+        p = self.params
         cut = probs.size
         if p.top_p < 1.0:
-            # keep the smallest prefix whose mass reaches top_p (always at least one token)
-            cut = min(cut, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
+            # the smallest prefix whose mass reaches top_p (always at least one token)
+            cut = min(cut, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             cut = min(cut, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
+        return cut
+
+    def _draw(self, order: np.ndarray, probs: np.ndarray) -> int:
+        cut = self._cut(probs)
         probs = probs[:cut] / probs[:cut].sum()
         return int(order[self.rng.choice(cut, p=probs)])
+
+
+# How many of the largest logits to look among for top_p / min_p's tokens before all of them: a
+# chat model's nucleus is rarely more than a few hundred tokens (a flat one costs two partitions more).
+_CANDIDATES = (64, 1024, 1 << 62)
 
 
 @dataclass
