@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.engine.sampling import Sampler, SamplingParams, TextStream
+from appliance.engine.sampling import Sampler, SamplingParams, TextStream, top_indices
 
 
 def test_greedy_picks_argmax():
@@ -60,6 +60,16 @@ def test_top_p_and_min_p_draw_as_the_full_sort_would(spread, knobs):
         params = SamplingParams(seed=trial, **knobs)
         ours, reference_rng = Sampler(params, []), np.random.default_rng(trial)
         assert [ours(x) for _ in range(8)] == [_by_the_definition(params, x, reference_rng) for _ in range(8)]
+
+
+def test_top_indices_are_the_stable_sorts_first():
+    """logprobs' top tokens without a full sort: the same indices in the same order, ties by index."""
+    rng = np.random.default_rng(4)
+    for x in (rng.standard_normal(3000).astype(np.float32),
+              np.round(rng.standard_normal(3000), 1).astype(np.float32),        # many ties
+              np.where(rng.random(3000) < 0.995, -np.inf, 1.0).astype(np.float32)):   # masked
+        for k in (1, 5, 20, 3000):
+            assert top_indices(x, k).tolist() == np.argsort(-x, kind="stable")[:k].tolist()
 
 
 def test_repetition_penalty_discourages_seen_tokens():

@@ -31,7 +31,7 @@ from appliance.engine.speculative import Speculation, SpeculativeConfig, StepCos
 from appliance.engine.steps import StepAPI, _Work
 from appliance.models import read_family
 from appliance.kernels.dispatch import kernels
-from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_softmax
+from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_softmax, top_indices
 from appliance.options import DEFAULT_MAX_CONTEXT, KV_FORMATS, WEIGHT_FORMATS, SparseConfig
 from appliance.engine.kv_setup import DEFAULT_DISK_BYTES, build_kv
 from appliance.engine.tokenizer import Tokenizer
@@ -397,7 +397,7 @@ class Engine(StepAPI):
             lp = log_softmax(logits)
             logprob = float(lp[token])
             if p.logprobs:
-                best = np.argsort(-lp, kind="stable")[: p.logprobs]
+                best = top_indices(lp, p.logprobs)
                 top = [(int(t), self.tokenizer.decode([int(t)], skip_special_tokens=False), float(lp[t]))
                        for t in best]
         is_eos = (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids

@@ -64,6 +64,16 @@ class SamplingParams:
         self.logit_bias = {int(k): float(v) for k, v in bias.items()} or None
 
 
+def top_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries' indices, largest first, ties by index: the first k of a stable
+    sort of -x, without sorting the whole vocabulary (10-20 ms a token for 150K logits)."""
+    if k >= x.size:
+        return np.argsort(-x, kind="stable")[:k]
+    kth = x[np.argpartition(-x, k - 1)[k - 1]]
+    ties_and_above = np.flatnonzero(x >= kth)          # every index the stable sort could pick
+    return ties_and_above[np.argsort(-x[ties_and_above], kind="stable")][:k]
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x -= x.max()
