@@ -140,25 +140,19 @@ class Sampler:
         top_p and min_p keep are found among the largest few instead (below)."""
         p = self.params
         if p.top_k and p.top_k < x.size:
-            keep = np.argpartition(-x, p.top_k - 1)[: p.top_k]
-            order = keep[np.argsort(-x[keep], kind="stable")]
+            order = top_indices(x, p.top_k)
             logits = x[order].astype(np.float64)
             probs = np.exp(logits - logits[0])
             return self._draw(order, probs / probs.sum())
-        top = float(x.max())
-        weights = np.exp(x.astype(np.float64) - top)
+        weights = np.exp(x.astype(np.float64) - float(x.max()))
         if p.top_p >= 1.0 and p.min_p <= 0.0:
             # the whole distribution: no order needed to draw from it
             return int(self.rng.choice(x.size, p=weights / weights.sum()))
         total = weights.sum()
         for n in _CANDIDATES:
-            if n < x.size:
-                keep = np.argpartition(-x, n - 1)[:n]
-                order = keep[np.argsort(-x[keep], kind="stable")]
-            else:
-                order = np.argsort(-x, kind="stable")
+            order = top_indices(x, n)
             probs = weights[order] / total
-            if n >= x.size or self._cut(probs) < n:
+            if order.size == x.size or self._cut(probs) < n:
                 return self._draw(order, probs)
         raise AssertionError("unreachable: the last candidate set is the vocabulary")
 
