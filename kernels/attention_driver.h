@@ -386,9 +386,11 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
     /* Short scans (a few thousand rows in all) finish before a sleeping worker wakes up. */
     if (scanned < ATTN_PARALLEL_MIN_ROWS)
         nt = 1;
-    /* kv heads per unit: as many as leave about four units a thread (all of them in a long decode
-     * step on few cores), one when keeping importance. A head's arithmetic is the same in any
-     * unit, so the results do not depend on this choice (nor on the threads). */
+    /* kv heads per unit: as many as still leave two units a thread (all of them in a long decode
+     * step on few cores; longer runs of slabs in memory order beat finer balance: 0.67 of the
+     * GEMVs' bandwidth at two units a thread, 0.59 at four, docs/performance.md), one when keeping
+     * importance. A head's arithmetic is the same in any unit, so the results do not depend on
+     * this choice (nor on the threads). */
     const int64_t want = 2 * (int64_t)nt;
     int64_t ranges = keep ? n_kv : nunits >= want ? 1 : (want + nunits - 1) / (nunits > 0 ? nunits : 1);
     ranges = ranges < n_kv ? ranges : n_kv;
