@@ -362,7 +362,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
         return;
     }
     const int keep = importance != NULL && nseq == 1;
-    int64_t nunits = 0, npairs = 0, nparts_floats = 0, scanned = 0, Tmax = 0, nsel_max = 0;
+    int64_t nunits = 0, tile_parts = 0, npairs = 0, nparts_floats = 0, scanned = 0, Tmax = 0, nsel_max = 0;
     for (int64_t si = 0; si < nseq; si++) {
         struct attn_seq *sq = &seqs[si];
         sq->row0 = seq_rows[si];
@@ -377,7 +377,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
             sq->ntiles = 0;   /* nothing listed: zeros (below), no units */
         sq->group0 = npairs;
         npairs += sq->ntiles * n_kv;
-        nunits += sq->ntiles * sq->nsplits;
+        tile_parts += sq->ntiles * sq->nsplits;
         Tmax = sq->T > Tmax ? sq->T : Tmax;
         nsel_max = sq->nsel > nsel_max ? sq->nsel : nsel_max;
         scanned += sq->T * n_kv * sq->nsel * bs;
@@ -391,12 +391,11 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
      * GEMVs' bandwidth at two units a thread, 0.59 at four, docs/performance.md), one when keeping
      * importance. A head's arithmetic is the same in any unit, so the results do not depend on
      * this choice (nor on the threads). */
-    const int64_t want = 2 * (int64_t)nt;
-    int64_t ranges = keep ? n_kv : nunits >= want ? 1 : (want + nunits - 1) / (nunits > 0 ? nunits : 1);
+    const int64_t want = 2 * (int64_t)nt;   /* tile_parts: units of one head range */
+    int64_t ranges = keep ? n_kv : tile_parts >= want ? 1 : (want + tile_parts - 1) / (tile_parts > 0 ? tile_parts : 1);
     ranges = ranges < n_kv ? ranges : n_kv;
     const int64_t hper = (n_kv + ranges - 1) / ranges;
     const int64_t ngroups = (n_kv + hper - 1) / hper;
-    nunits = 0;
     for (int64_t si = 0; si < nseq; si++) {
         seqs[si].unit0 = nunits;
         nunits += seqs[si].ntiles * ngroups * seqs[si].nsplits;

@@ -2,8 +2,9 @@
  * AVX2 attention primitives for the shared one-pass driver (attention_impl.h).
  *
  * Scores: per key row, each 32-block's exact int32 dot stays in eight lanes, converted and scaled
- * by qd_b (x ks_b for q4) lane by lane; eight rows' vectors are then summed horizontally together. V: 32 columns at a time with the accumulators of
- * one or two query heads in registers, every V row converted to float once for both heads.
+ * by qd_b (x ks_b for q4) lane by lane; eight rows' vectors are then summed horizontally together.
+ * V: 32 columns at a time with the accumulators of one or two query heads in registers, every V
+ * row converted to float once for both heads.
  */
 #include "../internal.h"
 
@@ -59,7 +60,7 @@ ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, cons
         for (int64_t j0 = 0; j0 < n; j0 += 8) {
             const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
 #define ROW(jj) ((jj) < cnt ? key_row_dots(per_block_ks, nb, aq, qg, qdg, k + (j0 + (jj)) * hd, \
-                                           ks + (j0 + (jj)) * nb) : _mm256_setzero_ps())
+                                           per_block_ks ? ks + (j0 + (jj)) * nb : NULL) : _mm256_setzero_ps())
             __m256 h0 = _mm256_hadd_ps(ROW(0), ROW(1));
             h0 = _mm256_hadd_ps(h0, _mm256_hadd_ps(ROW(2), ROW(3)));
             __m256 h1 = _mm256_hadd_ps(ROW(4), ROW(5));
@@ -267,6 +268,8 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
         x[j] *= y[j];
 }
 
+#include "../attention_accum_simd.h"
+
 static float attn_max(const float *s, int64_t n)
 {
     __m256 m8 = _mm256_set1_ps(-INFINITY);
@@ -278,8 +281,6 @@ static float attn_max(const float *s, int64_t n)
         m = s[j] > m ? s[j] : m;
     return m;
 }
-
-#include "../attention_accum_simd.h"
 
 static float attn_exp_shift(float *s, int64_t n, float m)
 {
