@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -123,7 +124,8 @@ def engine_only(model_dir: Path, streams: list[int], prompt_len: int, steps: int
                          kv_cache_tokens=max(streams) * (prompt_len + steps + 64), progress=False)
     vocab = engine.info()["vocab"]
     print(f"engine only: {engine.model_name}, kernels {engine.info()['kernel_path']}, threads {engine.threads}")
-    print(f"{'batch':>5} {'ms/step':>8} {'tok/s':>8} {'vs 1':>6} {'attn share':>10}")
+    print(f"{'batch':>5} {'ms/step':>8} {'tok/s':>8} {'vs 1':>6} {'attn share':>10} {'gemm ms':>8} {'attn ms':>8} "
+          f"{'rest ms':>8}")
     base, stats = None, []
     engine.add_stats_listener(lambda st: stats.append(st) if hasattr(st, "batch") else None)
     for b in streams:
@@ -141,8 +143,12 @@ def engine_only(model_dir: Path, streams: list[int], prompt_len: int, steps: int
         for s in seqs:
             engine.release(s)
         attn = sum(s.attn_s for s in stats) / max(1e-9, sum(s.total_s for s in stats))
+        # the step's parts, median over the timed steps (a shared machine's outliers stay out)
+        gemm_ms, attn_ms, rest_ms = (1e3 * statistics.median(getattr(s, f) for s in stats) if stats else float("nan")
+                                     for f in ("gemm_s", "attn_s", "rest_s"))
         base = base or b / dt
-        print(f"{b:>5} {1e3 * dt:>8.1f} {b / dt:>8.2f} {b / dt / base:>5.2f}x {attn:>10.2f}")
+        print(f"{b:>5} {1e3 * dt:>8.1f} {b / dt:>8.2f} {b / dt / base:>5.2f}x {attn:>10.2f} {gemm_ms:>8.1f} "
+              f"{attn_ms:>8.1f} {rest_ms:>8.1f}")
     return 0
 
 

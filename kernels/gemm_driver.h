@@ -18,6 +18,10 @@
  * the scale wd * xd, one fused multiply-add per block), so they give the same bits: a prompt chunk
  * of 512 rows computes each row as a decode step does.
  *
+ * A path may also hand the row route's tiles to another ISA's micro-kernel (GEMM_ROWS_RUNNER with
+ * gemm_rows_runner() -> gemm_rows_fn or NULL, gemm_rows.h): x86 with VNNI runs decode-sized
+ * products on vpdpbusd that way, with gemm_tile's bits.
+ *
  * Parallel over chunks of weight rows (and of activation rows in prefill), taken one at a time
  * from the kernels' pool (pool.h): a thread that loses its core leaves its share to the others.
  * A panel (~GEMM_PANEL_BYTES of weights) stays in L2 while
@@ -39,6 +43,9 @@
 
 #if defined(GEMM_PACKED)
 #include "gemm_pack.h"
+#endif
+#if defined(GEMM_ROWS_RUNNER)
+#include "gemm_rows.h"
 #endif
 
 /* Constant (is_q4, mr) per call so each tile is specialised and fully unrolled. */
@@ -97,6 +104,10 @@ struct gemm_job {
     const float *xd;
     const int32_t *xsum8;
     float *y;
+#if defined(GEMM_ROWS_RUNNER)
+    gemm_rows_fn rows;                          /* the row route's tile run (gemm_rows.h), or NULL */
+    struct gemm_packed_operands rows_pk;        /* its xdT and xinit */
+#endif
 #if defined(GEMM_PACKED)
     const struct gemm_packed_variant *packed;   /* the packed route's micro-kernel, or NULL */
     struct gemm_packed_operands pk;
@@ -114,6 +125,17 @@ static void gemm_chunk(void *ctx, int64_t chunk, int participant)
     const int64_t N = j->N, K = j->K, nb = j->nb, row_bytes = j->row_bytes;
     for (int64_t m0 = mc * j->mrows; m0 < m_end; m0 += MR) {
         const int mr = m_end - m0 < MR ? (int)(m_end - m0) : MR;
+#if defined(GEMM_ROWS_RUNNER)
+        if (j->rows != NULL) {
+            const struct gemm_rows_args a = {
+                .is_q4 = j->is_q4, .mr = mr, .wq = j->wq, .wd = j->wd, .N = N, .nb = nb, .row_bytes = row_bytes,
+                .g0 = p * j->panel, .g1 = g_end, .x = j->xq + m0 * K, .K = K,
+                .xdT = j->rows_pk.xdT + (m0 / 4) * nb * 4, .xinit = j->rows_pk.xinit + (m0 / 4) * nb * 4,
+                .y = j->y + m0 * N, .ldy = N, .prefetch = m0 == mc * j->mrows};
+            j->rows(&a);
+            continue;
+        }
+#endif
         for (int64_t g = p * j->panel; g < g_end; g++) {
             const int64_t n0 = g * NR;
             const int ncols = N - n0 < NR ? (int)(N - n0) : NR;
@@ -233,7 +255,20 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     struct gemm_job job = {.is_q4 = is_q4, .wq = wq, .wd = wd, .N = N, .K = K, .M = M, .nb = nb,
                            .row_bytes = row_bytes, .ngroups = ngroups, .panel = panel, .mrows = mrows,
                            .mchunks = (M + mrows - 1) / mrows, .xq = xq, .xd = xd, .xsum8 = xsum8, .y = y};
+#if defined(GEMM_ROWS_RUNNER)
+    /* Another ISA's tile run when the CPU has one, with the packed route's per-row operands (tiles of
+     * 4 rows; MR and the row runs GEMM_CHUNK_ROWS are multiples of 4). Out of memory for them:
+     * gemm_tile, which needs none. */
+    static const struct gemm_packed_variant rows_operands = {"rows", NULL, 0x80, 0};
+    job.rows = gemm_rows_runner();
+    if (job.rows != NULL && !gemm_packed_prepare(&job.rows_pk, &rows_operands, xq, xd, M, K))
+        job.rows = NULL;
+#endif
     pool_run(KERNEL_GEMM, nt, ((ngroups + panel - 1) / panel) * job.mchunks, gemm_chunk, &job);
+#if defined(GEMM_ROWS_RUNNER)
+    if (job.rows != NULL)
+        gemm_packed_release(&job.rows_pk);
+#endif
     free(xsum8);
 }
 

@@ -140,14 +140,24 @@ ALWAYS_INLINE __m256i dpbusd_emulated(__m256i acc, __m256i u, __m256i s)
 #define PACKED_XINIT 1
 #include "gemm_packed_x86.h"
 
+/* The row route's tile run on the same emulated dot (gemm_rows.h). */
+#define ROWS_RUN gemm_rows_run_vnni_emulated
+#define ROWS_DOT(acc, u, s) dpbusd_emulated(acc, u, s)
+#include "gemm_rows_x86.h"
+
 /* The micro-kernels this build has, best first (x86/avx_vnni.c, x86/avx512_vnni.c compile the
- * same source for vpdpbusd). "rows" is the row route alone (no packing). */
+ * same sources for vpdpbusd): each a packed route's tile and a row route's tile run (NULL: AVX2's
+ * own gemm_tile, inline). "rows" is the row route alone on gemm_tile (no packing): the reference. */
 enum { VARIANT_ROWS = -1 };
-static const struct gemm_packed_variant gemm_variants_x86[] = {
-    {"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0},
-    {"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0},
-    {"avx2", gemm_packed_tile_avx2, 0, 1},
-    {"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0},
+struct gemm_x86_variant {
+    struct gemm_packed_variant packed;
+    gemm_rows_fn rows;
+};
+static const struct gemm_x86_variant gemm_variants_x86[] = {
+    {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni},
+    {{"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0}, gemm_rows_run_avx512vnni},
+    {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL},
+    {{"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0}, gemm_rows_run_vnni_emulated},
 };
 #define N_VARIANTS (int)(sizeof gemm_variants_x86 / sizeof gemm_variants_x86[0])
 #define VARIANT_AVX2 2
@@ -161,6 +171,57 @@ static int variant_cpu_runs(int i)
     case 1: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     default: return 1;
     }
+}
+
+/* A row route's tile run against gemm_tile, q8 and q4, on GEMM_STRIP weight rows (K = 3 blocks; the
+ * q4 case reads the same bytes as nibbles), four activation rows and then the last three. */
+static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd)
+{
+    enum { NBLK = 3, K_ = NBLK * QK };
+    static const struct gemm_packed_variant operands = {"rows", NULL, 0x80, 0};
+    struct gemm_packed_operands pk;
+    if (!gemm_packed_prepare(&pk, &operands, x, xd, 4, K_))
+        return 0;
+    int same = 1;
+    for (int is_q4 = 0; is_q4 < 2; is_q4++)
+        for (int mr = 4; mr >= 3; mr--) {
+            const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
+            const int m0 = 4 - mr;
+            float want[4 * GEMM_STRIP], got[4 * GEMM_STRIP];
+            int32_t xsum8[4 * NBLK];
+            for (int i = 0; i < 4 * NBLK; i++) {
+                int32_t sum = 0;
+                for (int k = 0; k < QK; k++)
+                    sum += x[i * QK + k];
+                xsum8[i] = 8 * sum;
+            }
+            for (int g = 0; g < GEMM_STRIP / NR; g++) {
+                const uint8_t *wrow[NR];
+                const uint16_t *wdrow[NR];
+                for (int r = 0; r < NR; r++) {
+                    wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
+                    wdrow[r] = wd + (g * NR + r) * NBLK;
+                }
+                gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, GEMM_STRIP, NR, 0);
+            }
+            /* rows m0..3 as their own tile: its xdT and xinit start at its first row's lane */
+            float xdT[NBLK * 4];
+            int32_t xinit[NBLK * 4];
+            for (int b = 0; b < NBLK; b++)
+                for (int i = 0; i < 4; i++) {
+                    const int m = m0 + i < 4 ? m0 + i : 3;
+                    xdT[b * 4 + i] = pk.xdT[b * 4 + m];
+                    xinit[b * 4 + i] = pk.xinit[b * 4 + m];
+                }
+            const struct gemm_rows_args a = {.is_q4 = is_q4, .mr = mr, .wq = (const uint8_t *)w, .wd = wd,
+                                             .N = GEMM_STRIP, .nb = NBLK, .row_bytes = row_bytes, .g0 = 0,
+                                             .g1 = GEMM_STRIP / NR, .x = x + m0 * K_, .K = K_, .xdT = xdT,
+                                             .xinit = xinit, .y = got, .ldy = GEMM_STRIP};
+            run(&a);
+            same &= memcmp(want + m0 * GEMM_STRIP, got, (size_t)mr * GEMM_STRIP * sizeof(float)) == 0;
+        }
+    gemm_packed_release(&pk);
+    return same;
 }
 
 /* A micro-kernel this CPU can run must also give the AVX2 kernel's bits on a known case before it
@@ -192,7 +253,7 @@ static int variant_agrees(int i)
             xdT[b * 4 + m] = xd[m * NBLK + b];
     float out[2][4 * GEMM_STRIP];
     for (int pass = 0; pass < 2; pass++) {
-        const struct gemm_packed_variant *v = &gemm_variants_x86[pass ? i : VARIANT_AVX2];
+        const struct gemm_packed_variant *v = &gemm_variants_x86[pass ? i : VARIANT_AVX2].packed;
         int8_t packed[NBLK * GEMM_STRIP_BLOCK_BYTES] __attribute__((aligned(64)));
         gemm_pack_strip(0, (const uint8_t *)wrow, wd, GEMM_STRIP, K_, 0, v->xor_mask, packed);
         const int8_t *x[4] = {xrow[0], xrow[1], xrow[2], xrow[3]};
@@ -207,7 +268,9 @@ static int variant_agrees(int i)
             }
         v->tile(packed, NBLK, x, ax, xdT, v->xor_mask ? xinit : NULL, out[pass]);
     }
-    return memcmp(out[0], out[1], sizeof out[0]) == 0;
+    if (memcmp(out[0], out[1], sizeof out[0]) != 0)
+        return 0;
+    return gemm_variants_x86[i].rows == NULL || rows_agree(gemm_variants_x86[i].rows, &wrow[0][0], wd, &xrow[0][0], xd);
 }
 
 static int variant_ok[N_VARIANTS];      /* 1: this CPU runs it and it agreed */
@@ -229,9 +292,18 @@ static const struct gemm_packed_variant *gemm_packed_variant(void)
 {
     pthread_once(&variants_once, choose_variant);
     const int v = __atomic_load_n(&variant_active, __ATOMIC_RELAXED);
-    return v >= 0 ? &gemm_variants_x86[v] : NULL;
+    return v >= 0 ? &gemm_variants_x86[v].packed : NULL;
 }
 #define GEMM_PACKED 1
+
+/* The active variant's row route tile run, or NULL for gemm_tile (the "rows" and "avx2" variants). */
+static gemm_rows_fn gemm_rows_runner(void)
+{
+    pthread_once(&variants_once, choose_variant);
+    const int v = __atomic_load_n(&variant_active, __ATOMIC_RELAXED);
+    return v >= 0 ? gemm_variants_x86[v].rows : NULL;
+}
+#define GEMM_ROWS_RUNNER 1
 
 const char *kernel_gemm_variant(void)
 {
@@ -247,7 +319,7 @@ const char *kernel_gemm_variants(void)
     for (int i = 0; i < N_VARIANTS; i++)
         if (variant_ok[i]) {
             strcat(buf, " ");
-            strcat(buf, gemm_variants_x86[i].name);
+            strcat(buf, gemm_variants_x86[i].packed.name);
         }
     return buf;
 }
@@ -260,7 +332,7 @@ int kernel_set_gemm_variant(const char *name)
         return 0;
     }
     for (int i = 0; i < N_VARIANTS; i++)
-        if (variant_ok[i] && strcmp(name, gemm_variants_x86[i].name) == 0) {
+        if (variant_ok[i] && strcmp(name, gemm_variants_x86[i].packed.name) == 0) {
             __atomic_store_n(&variant_active, i, __ATOMIC_RELAXED);
             return 0;
         }

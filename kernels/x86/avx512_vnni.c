@@ -1,7 +1,7 @@
 /*
- * The packed GEMM route's micro-kernel with AVX512-VNNI on 256-bit registers (EVEX vpdpbusd:
- * Cascade Lake, Ice Lake, Zen 4, which lack AVX-VNNI), the one file built for that ISA. Same code
- * and the same run-time check as x86/avx_vnni.c.
+ * The packed GEMM route's micro-kernel and the row route's tile run with AVX512-VNNI on 256-bit
+ * registers (EVEX vpdpbusd: Cascade Lake, Ice Lake, Zen 4, which lack AVX-VNNI), the one file built
+ * for that ISA. Same code and the same run-time check as x86/avx_vnni.c.
  */
 #include "../internal.h"
 
@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include "../gemm_pack.h"
 #include "gemm_vnni.h"
+#include "../gemm_rows.h"
+#include "avx2_common.h"
 
 #define PACKED_TILE tile_avx512vnni
 #define PACKED_DOT(acc, w, xb, axb) _mm256_dpbusd_epi32(acc, w, xb)
@@ -21,5 +23,14 @@ void gemm_packed_tile_avx512vnni(const int8_t *pw, int64_t nb, const int8_t *con
                                  const int8_t *const ax[4], const float *xdT, const int32_t *xinit, float *out)
 {
     tile_avx512vnni(pw, nb, x, ax, xdT, xinit, out);
+}
+
+#define ROWS_RUN rows_avx512vnni
+#define ROWS_DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#include "gemm_rows_x86.h"
+
+void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a)
+{
+    rows_avx512vnni(a);
 }
 #endif

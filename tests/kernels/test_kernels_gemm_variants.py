@@ -1,7 +1,8 @@
 """The GEMM's micro-kernels (kernels.h gemm_variant): prefill-sized products (M >= 32) run a packed
-route whose micro-kernel depends on the CPU (avx-vnni, avx512-vnni, avx2, sdot). Every one must give
-the bits of the row route, which decode (M = 1) runs: a prompt row and a decoded row are computed
-alike. "avx2-vnni-emulated" runs the vpdpbusd kernels' code and packing on any AVX2 CPU, so they are
+route whose micro-kernel depends on the CPU (avx-vnni, avx512-vnni, avx2, sdot), and on x86 with
+VNNI decode-sized ones (M < 32) run that variant's row tiles (kernels/gemm_rows.h). Every one must
+give the bits of the row route on AVX2's tile ("rows"): a prompt row and a decoded row, alone or in
+a batch, are computed alike. "avx2-vnni-emulated" runs the vpdpbusd kernels' code and packing on any AVX2 CPU, so they are
 held to this here too; on a CPU with VNNI the real ones are in gemm_variants() and are tested alike.
 """
 import numpy as np
@@ -47,7 +48,9 @@ def test_the_default_is_one_this_cpu_runs_and_rows_is_always_there():
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
-@pytest.mark.parametrize("m,n,k", [(32, 67, 256), (70, 8, 1024), (133, 1029, 128)])
+@pytest.mark.parametrize("m,n,k", [(32, 67, 256), (70, 8, 1024), (133, 1029, 128),
+                                   # decode-sized: row tiles of 1-4 rows, strips cut by chunks and by N
+                                   (2, 1029, 128), (5, 67, 256), (8, 4100, 64), (31, 13, 1024)])
 def test_every_variant_gives_the_row_routes_bits(variant, fmt, m, n, k):
     rng = np.random.default_rng(m * 7 + n + (fmt == "q4"))
     wq, wd, xq, xd = _case(rng, fmt, m, n, k)
@@ -63,6 +66,8 @@ def test_every_variant_gives_the_row_routes_bits(variant, fmt, m, n, k):
         for threads in (1, 2):
             got = gemm(wq, wd, xq, xd, threads=threads)
             assert np.array_equal(got.view(np.uint32), rows.view(np.uint32)), (name, threads)
+            one = gemm(wq, wd, xq[-1:], xd[-1:], threads=threads)       # a decode step of one row
+            assert np.array_equal(one.view(np.uint32), rows[-1:].view(np.uint32)), (name, threads)
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
