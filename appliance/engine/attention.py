@@ -18,15 +18,20 @@ class ExactAttention:
     def __init__(self, cache: PagedKVCache, head_dim: int):
         self.cache = cache
         self.scale = 1.0 / math.sqrt(head_dim)
-        self._lists = None     # (batch, its block lists for attention_batch): the same in every layer
+        self._lists = None     # (batch, its _batch_step): the same in every layer of a step
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
         """q float32[M, Hq, hd], k/v float32[M, n_kv, hd] -> float32[M, Hq*hd]."""
         out = np.empty(q.shape, np.float32)
-        for seg in batch.segments:
-            rows = slice(seg.row_start, seg.row_end)
-            self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
-        lists = self._batch_lists(batch) if len(batch.segments) > 1 else None
+        step = self._batch_step(batch, q.shape[0]) if len(batch.segments) > 1 else None
+        if step is not None:
+            parts, slots, lists = step
+            self.cache.write_batch(layer, parts, slots, k, v)
+        else:
+            lists = None
+            for seg in batch.segments:
+                rows = slice(seg.row_start, seg.row_end)
+                self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
         if lists is None:
             for seg in batch.segments:
                 rows = slice(seg.row_start, seg.row_end)
@@ -42,25 +47,34 @@ class ExactAttention:
                                     self.scale, out=out)
         return out.reshape(q.shape[0], -1)
 
-    def _batch_lists(self, batch: Batch) -> tuple | None:
-        """(seq_rows, seq_lists, table, blockpos, count, qpos) of attention_batch for this batch's
-        segments, made once per step (every layer reads the same blocks); None unless the segments
-        are the batch's rows in order."""
+    def _batch_step(self, batch: Batch, rows: int) -> tuple | None:
+        """(parts, slots, lists) of a batch whose segments are its rows in order, made once per step
+        (every layer writes to the same slots and reads the same blocks): the cache's write_batch
+        arguments and attention_batch's (seq_rows, seq_lists, table, blockpos, count, qpos); None
+        for any other batch."""
         if self._lists is not None and self._lists[0] is batch:
             return self._lists[1]
         segs = batch.segments
-        if segs[0].row_start != 0 or any(a.row_end != b.row_start for a, b in zip(segs, segs[1:])):
+        if segs[0].row_start != 0 or segs[-1].row_end != rows or \
+                any(a.row_end != b.row_start for a, b in zip(segs, segs[1:])):
             return None
+        parts = [(s.blocks, s.pos_start, s.row_end - s.row_start) for s in segs]
+        step = (parts, self.cache.batch_slots(parts), self._batch_lists(segs))
+        self._lists = (batch, step)
+        return step
+
+    @staticmethod
+    def _batch_lists(segs: list[Segment]) -> tuple:
+        """(seq_rows, seq_lists, table, blockpos, count, qpos) of attention_batch for segments that
+        are a batch's rows in order."""
         sizes = np.array([len(s.table) for s in segs], np.int64)
         seq_lists = np.zeros((len(segs), 3), np.int64)
         seq_lists[1:, 0] = np.cumsum(sizes)[:-1]
         seq_lists[:, 1] = sizes
         seq_rows = np.array([s.row_start for s in segs] + [segs[-1].row_end], np.int64)
-        lists = (seq_rows, seq_lists) + tuple(
+        return (seq_rows, seq_lists) + tuple(
             np.ascontiguousarray(np.concatenate([getattr(s, name) for s in segs]), dtype=np.int32)
             for name in ("table", "blockpos", "count", "qpos"))
-        self._lists = (batch, lists)
-        return lists
 
     def attend(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray,
                table: np.ndarray, blockpos: np.ndarray, count: np.ndarray,

@@ -314,9 +314,42 @@ class PagedKVCache:
     def write(self, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v float32[T, n_kv, hd] at positions start..start+T-1 of `seq` in `layer`."""
         self._store(kernels, layer, seq, start, k, v)
+        self._write_bounds_filled(layer, seq, start, k.shape[0])
+
+    def batch_slots(self, parts: list[tuple[SequenceBlocks, int, int]]) -> np.ndarray:
+        """int32 slots (block * block_size + offset) of the rows of parts [(seq, start, rows)], in
+        order: where write_batch stores them, the same in every layer of a step."""
         bs = self.block_size
-        if self.bound_k is not None and (start + k.shape[0]) // bs > start // bs:   # a block filled up
-            pos = np.arange(start, start + k.shape[0])
+        slots = []
+        for seq, start, t in parts:
+            pos = np.arange(start, start + t)
+            slots.append(np.asarray(seq.blocks, dtype=np.int32)[pos // bs] * bs + (pos % bs).astype(np.int32))
+        return np.concatenate(slots).astype(np.int32, copy=False)
+
+    def write_batch(self, layer: int, parts: list[tuple[SequenceBlocks, int, int]], slots: np.ndarray,
+                    k: np.ndarray, v: np.ndarray) -> None:
+        """`write` for several sequences at once: k, v float32[M, n_kv, hd] hold the rows of parts
+        [(seq, start, rows)] in order, `slots` is batch_slots(parts). One store each for K and V
+        (a decode step of a batch paid two calls per sequence and layer); the probe rows and the
+        bounds of filled blocks, where the cache keeps them, per part as `write` does."""
+        ks = self.k_scale[layer] if self.k_scale is not None else None
+        vs = self.v_scale[layer] if self.v_scale is not None else None
+        kernels.kv_store(self.kind, k, slots, self.k[layer], ks)
+        kernels.kv_store(self.kind, v, slots, self.v[layer], vs)
+        if self.probe_k is None and self.bound_k is None:
+            return
+        row = 0
+        for seq, start, t in parts:
+            if self.probe_k is not None:
+                self._store_probe(kernels, layer, seq, start, k[row:row + t])
+            self._write_bounds_filled(layer, seq, start, t)
+            row += t
+
+    def _write_bounds_filled(self, layer: int, seq: SequenceBlocks, start: int, t: int) -> None:
+        """The bound rows of the blocks that rows start..start+t-1 filled up, if any."""
+        bs = self.block_size
+        if self.bound_k is not None and (start + t) // bs > start // bs:
+            pos = np.arange(start, start + t)
             blocks = np.asarray(seq.blocks, dtype=np.intp)[pos // bs]
             self._write_bounds(layer, blocks, pos % bs)
 
@@ -339,11 +372,23 @@ class PagedKVCache:
         vs = self.v_scale[layer] if self.v_scale is not None else None
         ops.kv_store(self.kind, k, slots, self.k[layer], ks)
         ops.kv_store(self.kind, v, slots, self.v[layer], vs)
-        if self.probe_k is not None and (t > 1 or (start % bs) % self.probe_step == 0):
-            offset = pos % bs
-            sampled = offset % self.probe_step == 0
-            if sampled.any():
-                rows = self.probe_k.shape[3]
-                pslots = blocks[sampled] * rows + (offset[sampled] // self.probe_step).astype(np.int32)
-                pks = self.probe_k_scale[layer] if self.probe_k_scale is not None else None
-                ops.kv_store(self.kind, np.ascontiguousarray(k[sampled]), pslots, self.probe_k[layer], pks)
+        if self.probe_k is not None:
+            self._store_probe(ops, layer, seq, start, k, blocks)
+
+    def _store_probe(self, ops, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray,
+                     blocks: np.ndarray | None = None) -> None:
+        """The sampled keys of rows start..start+T-1 into the compact probe rows."""
+        t = k.shape[0]
+        bs = self.block_size
+        if t == 1 and (start % bs) % self.probe_step != 0:
+            return
+        pos = np.arange(start, start + t)
+        if blocks is None:
+            blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // bs]
+        offset = pos % bs
+        sampled = offset % self.probe_step == 0
+        if sampled.any():
+            rows = self.probe_k.shape[3]
+            pslots = blocks[sampled] * rows + (offset[sampled] // self.probe_step).astype(np.int32)
+            pks = self.probe_k_scale[layer] if self.probe_k_scale is not None else None
+            ops.kv_store(self.kind, np.ascontiguousarray(k[sampled]), pslots, self.probe_k[layer], pks)
