@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/kernels_bench.py [--threads 2] [--repeats 7] [--no-portable]
                                             [--only gemm|attn|elem] [--clock wall|cpu]
+                                            [--gemm-variant rows|avx2|avx512-vnni|...]
 
 GEMV rows report weight bandwidth (GB/s of weights + scales read), GEMM rows GOPS
 (2 * M * N * K / s), attention rows KV bandwidth (GB/s of K, V and their scales read),
@@ -65,6 +66,8 @@ def bench_gemm(rows, rng, threads, repeats, do_portable):
         ("gemv lm_head", 1, 151936, 1024),
         ("gemm prefill", 512, 3072, 1024),
         ("gemm prefill down", 512, 1024, 3072),
+        ("gemm M=4", 4, 3072, 1024),             # decode steps of a batch: the row route
+        ("gemm M=8", 8, 3072, 1024),
         ("gemm M=16", 16, 3072, 1024),
     ]
     for fmt in ("q8", "q4"):
@@ -152,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-portable", action="store_true", help="simd rows only")
     ap.add_argument("--only", choices=("gemm", "attn", "elem"), help="one section")
+    ap.add_argument("--gemm-variant", help="the GEMM micro-kernel to time (one of kernels' gemm_variants(); "
+                                           "default: the one this CPU chose)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: the calling thread's CPU time (only meaningful with --threads 1)")
     args = ap.parse_args(argv)
@@ -160,10 +165,16 @@ def main(argv=None):
         if args.threads != 1:
             ap.error("--clock cpu measures the calling thread only: use --threads 1")
         CLOCK = time.thread_time
+    if args.gemm_variant:
+        try:
+            K.set_gemm_variant(args.gemm_variant)
+        except ValueError as e:
+            ap.error(str(e))
     rng = np.random.default_rng(0)
     rows: list[tuple] = []
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"kernel_path={K.kernel_path()} cpu_features='{K.cpu_features()}' threads={args.threads} "
+    print(f"kernel_path={K.kernel_path()} gemm_variant={K.gemm_variant()} cpu_features='{K.cpu_features()}' "
+          f"threads={args.threads} "
           f"clock={args.clock} cpus={os.cpu_count()} loadavg={load}")
     if args.only in (None, "gemm"):
         bench_gemm(rows, rng, args.threads, args.repeats, not args.no_portable)

@@ -66,7 +66,7 @@ def test_every_variant_gives_the_row_routes_bits(variant, fmt, m, n, k):
         for threads in (1, 2):
             got = gemm(wq, wd, xq, xd, threads=threads)
             assert np.array_equal(got.view(np.uint32), rows.view(np.uint32)), (name, threads)
-            one = gemm(wq, wd, xq[-1:], xd[-1:], threads=threads)       # a decode step of one row
+            one = gemm(wq, wd, xq[-1:], xd[-1:], threads=threads)       # one row: gemm_tile again
             assert np.array_equal(one.view(np.uint32), rows[-1:].view(np.uint32)), (name, threads)
 
 
