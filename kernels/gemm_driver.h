@@ -123,19 +123,20 @@ static void gemm_chunk(void *ctx, int64_t chunk, int participant)
     const int64_t g_end = (p + 1) * j->panel < j->ngroups ? (p + 1) * j->panel : j->ngroups;
     const int64_t m_end = (mc + 1) * j->mrows < j->M ? (mc + 1) * j->mrows : j->M;
     const int64_t N = j->N, K = j->K, nb = j->nb, row_bytes = j->row_bytes;
+#if defined(GEMM_ROWS_RUNNER)
+    if (j->rows != NULL) {       /* the chunk's rows in one run: it tiles them its own way */
+        const int64_t m0 = mc * j->mrows;
+        const struct gemm_rows_args a = {
+            .is_q4 = j->is_q4, .mr = (int)(m_end - m0), .wq = j->wq, .wd = j->wd, .N = N, .nb = nb,
+            .row_bytes = row_bytes, .g0 = p * j->panel, .g1 = g_end, .x = j->xq + m0 * K, .K = K,
+            .xdT = j->rows_pk.xdT + (m0 / 4) * nb * 4, .xinit = j->rows_pk.xinit + (m0 / 4) * nb * 4,
+            .y = j->y + m0 * N, .ldy = N, .prefetch = 1};
+        j->rows(&a);
+        return;
+    }
+#endif
     for (int64_t m0 = mc * j->mrows; m0 < m_end; m0 += MR) {
         const int mr = m_end - m0 < MR ? (int)(m_end - m0) : MR;
-#if defined(GEMM_ROWS_RUNNER)
-        if (j->rows != NULL) {
-            const struct gemm_rows_args a = {
-                .is_q4 = j->is_q4, .mr = mr, .wq = j->wq, .wd = j->wd, .N = N, .nb = nb, .row_bytes = row_bytes,
-                .g0 = p * j->panel, .g1 = g_end, .x = j->xq + m0 * K, .K = K,
-                .xdT = j->rows_pk.xdT + (m0 / 4) * nb * 4, .xinit = j->rows_pk.xinit + (m0 / 4) * nb * 4,
-                .y = j->y + m0 * N, .ldy = N, .prefetch = m0 == mc * j->mrows};
-            j->rows(&a);
-            continue;
-        }
-#endif
         for (int64_t g = p * j->panel; g < g_end; g++) {
             const int64_t n0 = g * NR;
             const int ncols = N - n0 < NR ? (int)(N - n0) : NR;

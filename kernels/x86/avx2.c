@@ -143,6 +143,7 @@ ALWAYS_INLINE __m256i dpbusd_emulated(__m256i acc, __m256i u, __m256i s)
 /* The row route's tile run on the same emulated dot (gemm_rows.h). */
 #define ROWS_RUN gemm_rows_run_vnni_emulated
 #define ROWS_DOT(acc, u, s) dpbusd_emulated(acc, u, s)
+#define ROWS_MR 8   /* the avx512-vnni tile's shape, spills and all */
 #include "gemm_rows_x86.h"
 
 /* The micro-kernels this build has, best first (x86/avx_vnni.c, x86/avx512_vnni.c compile the

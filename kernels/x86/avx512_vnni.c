@@ -27,6 +27,7 @@ void gemm_packed_tile_avx512vnni(const int8_t *pw, int64_t nb, const int8_t *con
 
 #define ROWS_RUN rows_avx512vnni
 #define ROWS_DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define ROWS_MR 8   /* 32 vector registers: a strip serves 8 rows */
 #include "gemm_rows_x86.h"
 
 void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a)

@@ -29,6 +29,7 @@ void gemm_packed_tile_avxvnni(const int8_t *pw, int64_t nb, const int8_t *const 
 
 #define ROWS_RUN rows_avxvnni
 #define ROWS_DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define ROWS_MR 4
 #include "gemm_rows_x86.h"
 
 void gemm_rows_run_avxvnni(const struct gemm_rows_args *a)

@@ -1,13 +1,15 @@
 /*
  * The row route's tile run (gemm_rows.h) on an unsigned-by-signed dot, one source for vpdpbusd
  * (x86/avx_vnni.c, x86/avx512_vnni.c) and its AVX2 emulation (x86/avx2.c, for tests). The including
- * file defines ROWS_RUN (the function's name) and ROWS_DOT(acc, u, s): acc's int32 lanes plus the
- * four products of u's unsigned and s's signed bytes, exactly; then includes this header, once.
+ * file defines ROWS_RUN (the function's name), ROWS_DOT(acc, u, s): acc's int32 lanes plus the
+ * four products of u's unsigned and s's signed bytes, exactly, and ROWS_MR (activation rows a
+ * transposed strip serves: 4 with 16 vector registers, 8 with AVX-512's 32); then includes this
+ * header, once.
  *
  * Why not gemm_tile's shape: a dot of one weight row's block with one activation row's leaves eight
  * lanes to sum, and those horizontal sums (vphaddd) cost more than the dots. Here each block of
  * eight weight rows is transposed in registers into the packed route's layout (lane c = row c,
- * one vector per four bytes of the block: 24 shuffles, shared by the tile's rows), and every
+ * one vector per four bytes of the block: 24 shuffles, shared by up to ROWS_MR rows), and every
  * activation row then meets it as the packed tile does: four bytes broadcast, one dot per vector,
  * no horizontal sum. The weights go in as w + 128 (unsigned); the 128 * sum(x) that adds is taken
  * out by the lanes' start (xinit), and the float conversion is GEMM_FLOAT_MAGIC's subtraction.
@@ -36,16 +38,18 @@ static inline __attribute__((always_inline)) void rows_transpose8(__m256i r[8])
 /* One strip of eight weight rows (wrow, wdrow; rows past the range repeat a row in it) against the
  * tile's mr rows: out[m * 8 + c]. Constant (is_q4, mr): unrolled, accumulators in registers. */
 static inline __attribute__((always_inline)) void rows_strip(const int is_q4, const int mr,
-                                                             const struct gemm_rows_args *a,
+                                                             const struct gemm_rows_args *a, int64_t t0,
                                                              const uint8_t *const wrow[8],
                                                              const uint16_t *const wdrow[8], int64_t ahead,
                                                              float *out)
 {
     const int64_t nb = a->nb, K = a->K;
+    /* row t0 + m's block b in xdT and xinit: groups of 4 rows, block-major inside a group */
+#define ROWS_OPERAND(m, b) ((((t0) + (m)) / 4) * nb * 4 + (b) * 4 + ((t0) + (m)) % 4)
     const __m256 fm = _mm256_set1_ps(GEMM_FLOAT_MAGIC_F);
     const __m256i offset = _mm256_set1_epi8(is_q4 ? 120 : (char)0x80);   /* q4: nibble - 8 + 128 */
-    __m256 f[4];
-    for (int m = 0; m < 4; m++)
+    __m256 f[ROWS_MR];
+    for (int m = 0; m < ROWS_MR; m++)
         f[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i w[8];
@@ -60,27 +64,29 @@ static inline __attribute__((always_inline)) void rows_strip(const int is_q4, co
             (short)wdrow[0][b], (short)wdrow[1][b], (short)wdrow[2][b], (short)wdrow[3][b],
             (short)wdrow[4][b], (short)wdrow[5][b], (short)wdrow[6][b], (short)wdrow[7][b]));
         for (int m = 0; m < mr; m++) {
-            const int8_t *xb = a->x + m * K + b * QK;
-            __m256i acc = _mm256_set1_epi32(a->xinit[b * 4 + m]);
+            const int8_t *xb = a->x + (t0 + m) * K + b * QK;
+            __m256i acc = _mm256_set1_epi32(a->xinit[ROWS_OPERAND(m, b)]);
             for (int g = 0; g < QK / 4; g++) {
                 int32_t xv;
                 memcpy(&xv, xb + g * 4, 4);
                 acc = ROWS_DOT(acc, w[g], _mm256_set1_epi32(xv));
             }
             const __m256 d = _mm256_sub_ps(_mm256_castsi256_ps(acc), fm);
-            f[m] = _mm256_fmadd_ps(d, _mm256_mul_ps(wd, _mm256_set1_ps(a->xdT[b * 4 + m])), f[m]);
+            f[m] = _mm256_fmadd_ps(d, _mm256_mul_ps(wd, _mm256_set1_ps(a->xdT[ROWS_OPERAND(m, b)])), f[m]);
         }
     }
+#undef ROWS_OPERAND
     for (int m = 0; m < mr; m++)
         _mm256_storeu_ps(out + m * 8, f[m]);
 }
 
-static inline __attribute__((always_inline)) void rows_run_body(const struct gemm_rows_args *a, const int is_q4,
-                                                                const int mr)
+/* Rows t0 .. t0+mr-1 (mr <= ROWS_MR) against every strip of the run. */
+static inline __attribute__((always_inline)) void rows_run_tile(const struct gemm_rows_args *a, const int is_q4,
+                                                                const int mr, int64_t t0)
 {
     const int64_t nb = a->nb, row_bytes = a->row_bytes;
     const int64_t n_begin = a->g0 * 4, n_end = a->g1 * 4 < a->N ? a->g1 * 4 : a->N;
-    float out[4 * 8];
+    float out[ROWS_MR * 8];
     for (int64_t n0 = n_begin; n0 < n_end; n0 += 8) {
         const int ncols = n_end - n0 < 8 ? (int)(n_end - n0) : 8;
         const uint8_t *wrow[8];
@@ -91,28 +97,36 @@ static inline __attribute__((always_inline)) void rows_run_body(const struct gem
             wrow[c] = a->wq + n * row_bytes;
             wdrow[c] = a->wd + n * nb;
         }
-        const int64_t ahead = a->prefetch && n0 + 8 < n_end ? 8 * row_bytes : 0;
-        rows_strip(is_q4, mr, a, wrow, wdrow, ahead, out);
+        const int64_t ahead = a->prefetch && t0 == 0 && n0 + 8 < n_end ? 8 * row_bytes : 0;
+        rows_strip(is_q4, mr, a, t0, wrow, wdrow, ahead, out);
         for (int m = 0; m < mr; m++)
-            memcpy(a->y + m * a->ldy + n0, out + m * 8, (size_t)ncols * sizeof(float));
+            memcpy(a->y + (t0 + m) * a->ldy + n0, out + m * 8, (size_t)ncols * sizeof(float));
     }
 }
 
 static void ROWS_RUN(const struct gemm_rows_args *a)
 {
-#define ROWS_CASE(Q4, MR_) rows_run_body(a, Q4, MR_)
-    switch (a->is_q4 * 8 + a->mr) {
-    case 4: ROWS_CASE(0, 4); break;
-    case 3: ROWS_CASE(0, 3); break;
-    case 2: ROWS_CASE(0, 2); break;
-    case 1: ROWS_CASE(0, 1); break;
-    case 12: ROWS_CASE(1, 4); break;
-    case 11: ROWS_CASE(1, 3); break;
-    case 10: ROWS_CASE(1, 2); break;
-    default: ROWS_CASE(1, 1); break;
-    }
+    for (int64_t t0 = 0; t0 < a->mr; t0 += ROWS_MR) {
+        const int mr = a->mr - t0 < ROWS_MR ? (int)(a->mr - t0) : ROWS_MR;
+        /* constant (is_q4, mr) per call: unrolled, accumulators in registers */
+        switch (mr) {
+#define ROWS_CASE(MR_) case MR_: \
+            if (a->is_q4) rows_run_tile(a, 1, MR_, t0); else rows_run_tile(a, 0, MR_, t0); break;
+        ROWS_CASE(1)
+        ROWS_CASE(2)
+        ROWS_CASE(3)
+#if ROWS_MR >= 8
+        ROWS_CASE(5)
+        ROWS_CASE(6)
+        ROWS_CASE(7)
+        ROWS_CASE(8)
+#endif
+        default: ROWS_CASE(4)
 #undef ROWS_CASE
+        }
+    }
 }
 
 #undef ROWS_RUN
 #undef ROWS_DOT
+#undef ROWS_MR
