@@ -380,7 +380,7 @@ def main(argv=None) -> int:
 
     ours = ours_sparse = None
     if not args.skip_ours:
-        max_context = max(args.contexts) + args.gen + 64
+        max_context = max(max(args.contexts), args.prefill) + args.gen + 64   # the prefill prompt must fit too
         extra = ["--model", str(model_dir), "--max-context", str(max_context)]
         # appliance.Engine options
         extra_engine = ["--weights", args.weights, "--kv", args.kv]
