@@ -243,7 +243,9 @@ void kernel_pool_set_spin_us(int us);
 /* ---- the GEMM's micro-kernel ---------------------------------------------------
  * Prefill-sized GEMMs (M >= 32) may run a packed route with one of several micro-kernels, chosen
  * at run time from what the CPU has (x86: "avx-vnni", "avx512-vnni" (vpdpbusd), "avx2"; aarch64
- * with dotprod: "sdot"); "rows" is the row route alone. Every one gives the same bits.
+ * with dotprod: "sdot"); the vpdpbusd variants also run decode batches (2 <= M < 32) on their own
+ * row tiles (gemm_rows.h); "rows" is the row route alone on the path's own tile. Every one gives
+ * the same bits.
  * kernel_gemm_variant: the one in use; kernel_gemm_variants: those this build and CPU can run,
  * space-separated ("avx2-vnni-emulated": the vpdpbusd kernels' code with the instruction emulated,
  * for tests); kernel_set_gemm_variant: use another (0), or -1 if it is not one of those.      */
