@@ -205,7 +205,9 @@ def test_sigterm_finishes_running_requests_then_exits(keyed_server):
     """The last test of the module: it stops the keyed server."""
     model = keyed_server.get("/v1/models").json()["data"][0]["id"]
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Go on"}], "stream": True,
-                       "max_tokens": 200, "ignore_eos": True}).encode()
+                       # long enough to be running when the signal lands, on a fast machine too (the
+                       # tiny model decodes 200 tokens in well under a second there)
+                       "max_tokens": 1500, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", keyed_server.port), timeout=30)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()

@@ -125,15 +125,16 @@ def test_queue_bound(engine_factory, make_scheduler):
 
 
 def slowed(engine, step_s=0.005):
-    """The engine with every decode step taking at least step_s: a 1000-token request then
-    outlasts sub-second limits on any machine (the tiny model alone decodes ~1000 tokens/s)."""
-    decode = engine.decode
+    """The engine with every step taking at least step_s: a 1000-token request then outlasts
+    sub-second limits on any machine (the tiny model alone decodes 1000-4000 tokens/s). The
+    scheduler runs its work through engine.step, so that is what waits."""
+    step = engine.step
 
-    def slow_decode(seqs):
+    def slow_step(*args, **kwargs):
         time.sleep(step_s)
-        return decode(seqs)
+        return step(*args, **kwargs)
 
-    engine.decode = slow_decode
+    engine.step = slow_step
     return engine
 
 
