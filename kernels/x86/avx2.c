@@ -155,8 +155,11 @@ struct gemm_x86_variant {
     gemm_rows_fn rows;
 };
 static const struct gemm_x86_variant gemm_variants_x86[] = {
-    {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni},
+    /* AVX512-VNNI before AVX-VNNI where a CPU has both (Sapphire Rapids, Zen 5): the same vpdpbusd on
+     * ymm, but 32 registers: on a Zen 5 EPYC, 2 threads, prefill 512x3072x1024 7.0-7.5 against
+     * 7.9-12.7 ms, a decode batch of 8 rows 0.150-0.163 against 0.188-0.256 ms. */
     {{"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0}, gemm_rows_run_avx512vnni},
+    {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni},
     {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL},
     {{"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0}, gemm_rows_run_vnni_emulated},
 };
@@ -168,8 +171,8 @@ static int variant_cpu_runs(int i)
 {
     __builtin_cpu_init();
     switch (i) {
-    case 0: return __builtin_cpu_supports("avxvnni");
-    case 1: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    case 0: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    case 1: return __builtin_cpu_supports("avxvnni");
     default: return 1;
     }
 }
