@@ -41,9 +41,7 @@
 #define GEMM_CHUNK_ROWS 64
 #endif
 
-#if defined(GEMM_PACKED)
-#include "gemm_pack.h"
-#endif
+#include "gemm_pack.h"     /* the packed route, and gemm_block_sum for every route */
 #if defined(GEMM_ROWS_RUNNER)
 #include "gemm_rows.h"
 #endif
@@ -84,12 +82,8 @@ static int32_t *gemm_xsum8(int is_q4, const int8_t *xq, int64_t M, int64_t nb, i
         *failed = 1;
         return NULL;
     }
-    for (int64_t i = 0; i < M * nb; i++) {
-        int32_t sum = 0;
-        for (int j = 0; j < QK; j++)
-            sum += xq[i * QK + j];
-        xsum8[i] = 8 * sum;
-    }
+    for (int64_t i = 0; i < M * nb; i++)
+        xsum8[i] = 8 * gemm_block_sum(xq + i * QK);
     return xsum8;
 }
 
@@ -246,16 +240,10 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     if (panel < 1)
         panel = 1;
     const int64_t mrows = M > 2 * GEMM_CHUNK_ROWS ? GEMM_CHUNK_ROWS : M;
-    int failed;
-    int32_t *xsum8 = gemm_xsum8(is_q4, xq, M, nb, &failed);
-    if (failed) {   /* out of memory: fail loudly in the numbers, not in a crash */
-        for (int64_t i = 0; i < M * N; i++)
-            y[i] = NAN;
-        return;
-    }
     struct gemm_job job = {.is_q4 = is_q4, .wq = wq, .wd = wd, .N = N, .K = K, .M = M, .nb = nb,
                            .row_bytes = row_bytes, .ngroups = ngroups, .panel = panel, .mrows = mrows,
-                           .mchunks = (M + mrows - 1) / mrows, .xq = xq, .xd = xd, .xsum8 = xsum8, .y = y};
+                           .mchunks = (M + mrows - 1) / mrows, .xq = xq, .xd = xd, .y = y};
+    int uses_tile = 1;
 #if defined(GEMM_ROWS_RUNNER)
     /* Another ISA's tile run when the CPU has one, with the packed route's per-row operands (tiles of
      * 4 rows; MR and the row runs GEMM_CHUNK_ROWS are multiples of 4). Out of memory for them:
@@ -265,7 +253,17 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     job.rows = M >= 2 ? gemm_rows_runner() : NULL;
     if (job.rows != NULL && !gemm_packed_prepare(&job.rows_pk, &rows_operands, xq, xd, M, K))
         job.rows = NULL;
+    uses_tile = job.rows == NULL;
 #endif
+    /* xsum8 is gemm_tile's operand only (the row runner folds the offset into xinit). */
+    int failed = 0;
+    int32_t *xsum8 = uses_tile ? gemm_xsum8(is_q4, xq, M, nb, &failed) : NULL;
+    if (failed) {   /* out of memory: fail loudly in the numbers, not in a crash */
+        for (int64_t i = 0; i < M * N; i++)
+            y[i] = NAN;
+        return;
+    }
+    job.xsum8 = xsum8;
     pool_run(KERNEL_GEMM, nt, ((ngroups + panel - 1) / panel) * job.mchunks, gemm_chunk, &job);
 #if defined(GEMM_ROWS_RUNNER)
     if (job.rows != NULL)

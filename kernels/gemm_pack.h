@@ -95,6 +95,16 @@ static inline void gemm_packed_release(struct gemm_packed_operands *pk)
     free(pk->xabs);
 }
 
+/* The sum of one activation block (QK int8 values): the offset terms of the q4 tile (xsum8) and of
+ * the xor-biased dots (xinit) are multiples of it. */
+static inline int32_t gemm_block_sum(const int8_t *x)
+{
+    int32_t sum = 0;
+    for (int k = 0; k < QK; k++)
+        sum += x[k];
+    return sum;
+}
+
 /* The call's operands for variant v; 0 when out of memory (nothing left allocated). */
 static inline int gemm_packed_prepare(struct gemm_packed_operands *pk, const struct gemm_packed_variant *v,
                                       const int8_t *xq, const float *xd, int64_t M, int64_t K)
@@ -114,9 +124,7 @@ static inline int gemm_packed_prepare(struct gemm_packed_operands *pk, const str
                 const int64_t m = 4 * t + i;
                 pk->xdT[(t * nb + b) * 4 + i] = m < M ? xd[m * nb + b] : 0.0f;
                 if (pk->xinit != NULL) {
-                    int32_t sum = 0;
-                    for (int k = 0; m < M && k < QK; k++)
-                        sum += xq[m * K + b * QK + k];
+                    const int32_t sum = m < M ? gemm_block_sum(xq + m * K + b * QK) : 0;
                     pk->xinit[(t * nb + b) * 4 + i] = GEMM_FLOAT_MAGIC - (int32_t)v->xor_mask * sum;
                 }
             }

@@ -193,12 +193,8 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
             const int m0 = 4 - mr;
             float want[4 * GEMM_STRIP], got[4 * GEMM_STRIP];
             int32_t xsum8[4 * NBLK];
-            for (int i = 0; i < 4 * NBLK; i++) {
-                int32_t sum = 0;
-                for (int k = 0; k < QK; k++)
-                    sum += x[i * QK + k];
-                xsum8[i] = 8 * sum;
-            }
+            for (int i = 0; i < 4 * NBLK; i++)
+                xsum8[i] = 8 * gemm_block_sum(x + i * QK);
             for (int g = 0; g < GEMM_STRIP / NR; g++) {
                 const uint8_t *wrow[NR];
                 const uint16_t *wdrow[NR];
