@@ -319,12 +319,17 @@ class PagedKVCache:
     def batch_slots(self, parts: list[tuple[SequenceBlocks, int, int]]) -> np.ndarray:
         """int32 slots (block * block_size + offset) of the rows of parts [(seq, start, rows)], in
         order: where write_batch stores them, the same in every layer of a step."""
+        return np.concatenate([self._slots(seq, start, t)[1] for seq, start, t in parts]).astype(np.int32, copy=False)
+
+    def _slots(self, seq: SequenceBlocks, start: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """(blocks, slots) int32 of positions start..start+t-1 of `seq`."""
         bs = self.block_size
-        slots = []
-        for seq, start, t in parts:
-            pos = np.arange(start, start + t)
-            slots.append(np.asarray(seq.blocks, dtype=np.int32)[pos // bs] * bs + (pos % bs).astype(np.int32))
-        return np.concatenate(slots).astype(np.int32, copy=False)
+        pos = np.arange(start, start + t)
+        if t == 1:   # decode: skip turning the whole block list into an array, once per layer
+            blocks = np.array([seq.blocks[start // bs]], dtype=np.int32)
+        else:
+            blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // bs]
+        return blocks, blocks * bs + (pos % bs).astype(np.int32)
 
     def write_batch(self, layer: int, parts: list[tuple[SequenceBlocks, int, int]], slots: np.ndarray,
                     k: np.ndarray, v: np.ndarray) -> None:
@@ -360,14 +365,7 @@ class PagedKVCache:
 
     def _store(self, ops, layer: int, seq: SequenceBlocks, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """K, V and the compact probe rows through `ops.kv_store` (the compiled kernels or their twin)."""
-        t = k.shape[0]
-        bs = self.block_size
-        pos = np.arange(start, start + t)
-        if t == 1:   # decode: skip turning the whole block list into an array, once per layer
-            blocks = np.array([seq.blocks[start // bs]], dtype=np.int32)
-        else:
-            blocks = np.asarray(seq.blocks, dtype=np.int32)[pos // bs]
-        slots = blocks * bs + (pos % bs).astype(np.int32)
+        blocks, slots = self._slots(seq, start, k.shape[0])
         ks = self.k_scale[layer] if self.k_scale is not None else None
         vs = self.v_scale[layer] if self.v_scale is not None else None
         ops.kv_store(self.kind, k, slots, self.k[layer], ks)
