@@ -177,8 +177,11 @@ static int variant_cpu_runs(int i)
     }
 }
 
-/* A row route's tile run against gemm_tile, q8 and q4, on GEMM_STRIP weight rows (K = 3 blocks; the
- * q4 case reads the same bytes as nibbles), four activation rows and then the last three. */
+/* Weight rows of the self-check: a 16-row strip (AVX-512's) and an 8-row one. */
+enum { ROWS_CHECK_N = 3 * GEMM_STRIP };
+
+/* A row route's tile run against gemm_tile, q8 and q4, on ROWS_CHECK_N weight rows (K = 3 blocks;
+ * the q4 case reads the same bytes as nibbles), four activation rows and then the last three. */
 static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd)
 {
     enum { NBLK = 3, K_ = NBLK * QK };
@@ -191,18 +194,18 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
         for (int mr = 4; mr >= 3; mr--) {
             const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
             const int m0 = 4 - mr;
-            float want[4 * GEMM_STRIP], got[4 * GEMM_STRIP];
+            float want[4 * ROWS_CHECK_N], got[4 * ROWS_CHECK_N];
             int32_t xsum8[4 * NBLK];
             for (int i = 0; i < 4 * NBLK; i++)
                 xsum8[i] = 8 * gemm_block_sum(x + i * QK);
-            for (int g = 0; g < GEMM_STRIP / NR; g++) {
+            for (int g = 0; g < ROWS_CHECK_N / NR; g++) {
                 const uint8_t *wrow[NR];
                 const uint16_t *wdrow[NR];
                 for (int r = 0; r < NR; r++) {
                     wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
                     wdrow[r] = wd + (g * NR + r) * NBLK;
                 }
-                gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, GEMM_STRIP, NR, 0);
+                gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, ROWS_CHECK_N, NR, 0);
             }
             /* rows m0..3 as their own tile: its xdT and xinit start at its first row's lane */
             float xdT[NBLK * 4];
@@ -214,11 +217,11 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
                     xinit[b * 4 + i] = pk.xinit[b * 4 + m];
                 }
             const struct gemm_rows_args a = {.is_q4 = is_q4, .mr = mr, .wq = (const uint8_t *)w, .wd = wd,
-                                             .N = GEMM_STRIP, .nb = NBLK, .row_bytes = row_bytes, .g0 = 0,
-                                             .g1 = GEMM_STRIP / NR, .x = x + m0 * K_, .K = K_, .xdT = xdT,
-                                             .xinit = xinit, .y = got, .ldy = GEMM_STRIP};
+                                             .N = ROWS_CHECK_N, .nb = NBLK, .row_bytes = row_bytes, .g0 = 0,
+                                             .g1 = ROWS_CHECK_N / NR, .x = x + m0 * K_, .K = K_, .xdT = xdT,
+                                             .xinit = xinit, .y = got, .ldy = ROWS_CHECK_N};
             run(&a);
-            same &= memcmp(want + m0 * GEMM_STRIP, got, (size_t)mr * GEMM_STRIP * sizeof(float)) == 0;
+            same &= memcmp(want + m0 * ROWS_CHECK_N, got, (size_t)mr * ROWS_CHECK_N * sizeof(float)) == 0;
         }
     gemm_packed_release(&pk);
     return same;
@@ -229,11 +232,11 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
 static int variant_agrees(int i)
 {
     enum { NBLK = 3, K_ = NBLK * QK };
-    int8_t wrow[GEMM_STRIP][K_], xrow[4][K_], axrow[4][K_];
-    uint16_t wd[GEMM_STRIP * NBLK];
+    int8_t wrow[ROWS_CHECK_N][K_], xrow[4][K_], axrow[4][K_];   /* the packed tile reads the first strip */
+    uint16_t wd[ROWS_CHECK_N * NBLK];
     float xd[4 * NBLK], xdT[NBLK * 4];
     uint32_t r = 12345u;
-    for (int c = 0; c < GEMM_STRIP; c++)
+    for (int c = 0; c < ROWS_CHECK_N; c++)
         for (int k = 0; k < K_; k++) {
             r = r * 1103515245u + 12345u;
             wrow[c][k] = (int8_t)((int)(r >> 16) % 255 - 127);
@@ -244,7 +247,7 @@ static int variant_agrees(int i)
             xrow[m][k] = (int8_t)((int)(r >> 16) % 255 - 127);
             axrow[m][k] = (int8_t)(xrow[m][k] < 0 ? -xrow[m][k] : xrow[m][k]);
         }
-    for (int n = 0; n < GEMM_STRIP * NBLK; n++)
+    for (int n = 0; n < ROWS_CHECK_N * NBLK; n++)
         wd[n] = (uint16_t)(0x3000 + 37 * n);     /* halves from 0.125 up */
     for (int n = 0; n < 4 * NBLK; n++)
         xd[n] = 0.01f * (float)(n + 1);
@@ -260,12 +263,8 @@ static int variant_agrees(int i)
         const int8_t *ax[4] = {axrow[0], axrow[1], axrow[2], axrow[3]};
         int32_t xinit[NBLK * 4];
         for (int b = 0; b < NBLK; b++)
-            for (int m = 0; m < 4; m++) {
-                int32_t sum = 0;
-                for (int k = 0; k < QK; k++)
-                    sum += xrow[m][b * QK + k];
-                xinit[b * 4 + m] = GEMM_FLOAT_MAGIC - (int32_t)v->xor_mask * sum;
-            }
+            for (int m = 0; m < 4; m++)
+                xinit[b * 4 + m] = GEMM_FLOAT_MAGIC - (int32_t)v->xor_mask * gemm_block_sum(xrow[m] + b * QK);
         v->tile(packed, NBLK, x, ax, xdT, v->xor_mask ? xinit : NULL, out[pass]);
     }
     if (memcmp(out[0], out[1], sizeof out[0]) != 0)

@@ -1,7 +1,7 @@
 /*
- * The packed GEMM route's micro-kernel and the row route's tile run with AVX512-VNNI on 256-bit
- * registers (EVEX vpdpbusd: Cascade Lake, Ice Lake, Zen 4, which lack AVX-VNNI), the one file built
- * for that ISA. Same code and the same run-time check as x86/avx_vnni.c.
+ * The packed GEMM route's micro-kernel (256-bit registers) and the row route's tile run (512-bit
+ * registers, 16-row strips) with AVX512-VNNI (EVEX vpdpbusd: Cascade Lake, Ice Lake, Zen 4, which
+ * lack AVX-VNNI), the one file built for that ISA. Same code and the same run-time check as x86/avx_vnni.c.
  */
 #include "../internal.h"
 
@@ -27,6 +27,7 @@ void gemm_packed_tile_avx512vnni(const int8_t *pw, int64_t nb, const int8_t *con
 
 #define ROWS_RUN rows_avx512vnni
 #define ROWS_DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define ROWS_DOT512(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
 #define ROWS_MR 8   /* 32 vector registers: a strip serves 8 rows */
 #include "gemm_rows_x86.h"
 

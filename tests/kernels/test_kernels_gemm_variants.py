@@ -71,11 +71,12 @@ def test_every_variant_gives_the_row_routes_bits(variant, fmt, m, n, k):
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
-def test_every_variant_is_exact_on_the_largest_products(variant, fmt):
+@pytest.mark.parametrize("m,n", [(40, 19), (8, 41)], ids=["packed", "row tiles"])   # 41: 16-, 16-, 8-row strips
+def test_every_variant_is_exact_on_the_largest_products(variant, fmt, m, n):
     """+-127 everywhere (the q4 nibbles 0 and 15) with unit scales: each output is a sum of int32 block
     dots, exact in float32, so every kernel must give exactly the int64 numpy sum."""
     rng = np.random.default_rng(3)
-    m, n, k = 40, 19, 512
+    k = 512
     xq = rng.choice(np.array([-127, 127], np.int8), size=(m, k))
     if fmt == "q8":
         wq = rng.choice(np.array([-127, 127], np.int8), size=(n, k))
