@@ -137,7 +137,10 @@ def compare(engine, prompt, args, spec) -> dict:
 
 
 def chat_ids(engine, text: str) -> list[int]:
-    return engine.encode_prompt([{"role": "user", "content": text}])
+    """The task as one user turn, thinking off: a thought is free writing (the free task measures
+    that), and the copy-heavy tasks are about the answer that follows it."""
+    tok = engine.tokenizer
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], enable_thinking=False))
 
 
 def replay_checkpoint(args) -> Path:

@@ -10,6 +10,8 @@ added tokens that decode as text, as in Qwen3's tokenizer) and Qwen3's own chat 
     the model copies them rather than remembers them;
   * thinking: half of the chat samples with thinking on, where the reply opens with a short
     thought (`<think>\\n...\\n</think>\\n\\n`), half with thinking off (the template's empty block);
+  * quoting: a passage of the docs quoted back, or shown again with a word renamed (answers that
+    copy their context, which prompt-lookup decoding speeds up);
   * the earlier tasks, so that they stay: retrieval (needle facts in filler, mostly with thinking
     off, as `appliance eval needle` asks), drills, doc chat, language.
 Each run ends with the held-out measures: tool-call accuracy on the 30 prompts of unseen tools
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +35,10 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 # Retrieval at a third: at a fifth the needle recall fell from 0.80 to 0.17 (1024 tokens) while tools were learnt.
-MIX = {"tool": 0.2, "tool_drill": 0.32, "retrieval": 0.33, "drill": 0.08, "doc_chat": 0.04, "lm": 0.03}
+MIX = {"tool": 0.2, "tool_drill": 0.22, "retrieval": 0.33, "drill": 0.08, "quote": 0.12, "doc_chat": 0.03,
+       "lm": 0.02}
+QUOTE_ASKS = ["Quote the passage exactly, word for word.", "Repeat this text exactly.", "Copy this text.",
+              "Quote it back to me.", "Show the passage again, unchanged.", "Write out this text word for word."]
 MIX_LONG = {"retrieval": 0.7, "lm": 0.15, "tool": 0.15}      # the 2048 rows
 WARMUP_STEPS = 50
 END_OF_TURN = "<|im_end|>"
@@ -137,7 +143,9 @@ class ChatData:
             tools = self.tools.distinct_tools(self.rng, self.rng.randint(2, 4) if self.rng.random() < 0.85 else 1,
                                               same_verb=self.rng.random() < 0.3)
             schemas = [t["schema"] for t in tools]
-            if self.rng.random() < 0.5:            # shorter rows, more samples: schemas without descriptions
+            # shorter rows, more samples: schemas without descriptions, where every name spells its topic
+            # (an opaque name needs its description)
+            if self.rng.random() < 0.25 and all(t["topic"] in t["name"].lower() for t in tools):
                 schemas = [lean_schema(t) for t in schemas]
             text = "<tools>\n" + "\n".join(json.dumps(t) for t in schemas) + "\n</tools>\n"
             spans = []
@@ -151,6 +159,40 @@ class ChatData:
                     [(start, len(text), "ans")]
                 text += "\n"
             return text, spans
+        return self.pack(make, length)
+
+    def quote(self, length):
+        """Answers that copy their context: a passage quoted back, or shown again with one word
+        renamed (the kind of answer prompt-lookup decoding speeds up). The copy is language (its
+        own mean loss, so long quotes do not drown the short replies); starting it and ending the
+        turn after it are the reply."""
+        rng = self.rng
+
+        def make():
+            name, doc = rng.choice(self.base.chat_docs)
+            start = rng.randrange(0, max(1, len(doc) - 200))
+            passage = doc[start:start + rng.randint(120, 600)].strip()
+            words = sorted({w for w in re.findall(r"\b[a-z]{3,10}\b", passage)})
+            if words and rng.random() < 0.35:
+                old = rng.choice(words)
+                new = rng.choice(self.tools.CORPUS_WORDS or self.tools.WORDS).lower()
+                ask = rng.choice(["Rename {a} to {b} in this text and show all of it:",
+                                  "Replace the word {a} with {b} and show the whole text:",
+                                  "Show this again with {a} renamed to {b}:"]).format(a=old, b=new)
+                answer = re.sub(r"\b" + old + r"\b", new, passage)
+                question = ask + "\n\n" + passage
+            else:
+                ask = rng.choice(QUOTE_ASKS)
+                question = ask + "\n\n" + passage if rng.random() < 0.5 else \
+                    rng.choice(["Here is a passage:", "Here is a passage from the Python documentation:",
+                                f"From the documentation of {name}:"]) + "\n\n" + passage + "\n\n" + ask
+                answer = passage
+            text, spans = self.render([{"role": "user", "content": question}], answer,
+                                      kwargs={"enable_thinking": False})
+            body = text.rindex(answer)
+            head = min(len(answer), 12)
+            return text, [(spans[0][0], body + head, "ans"), (body + head, body + len(answer), "lm"),
+                          (body + len(answer), len(text), "ans")]
         return self.pack(make, length)
 
     def doc_chat(self, length):
@@ -313,6 +355,10 @@ def run_chat_stage(args, base_module, log) -> None:
             sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
+            model.eval()       # progress on what this stage is for, at every checkpoint
+            acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
+            model.train()
+            log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
