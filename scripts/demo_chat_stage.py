@@ -16,6 +16,15 @@ added tokens that decode as text, as in Qwen3's tokenizer) and Qwen3's own chat 
     off, as `appliance eval needle` asks), drills, doc chat, language.
 Each run ends with the held-out measures: tool-call accuracy on the 30 prompts of unseen tools
 (thinking off and on) and torch needle recall, and exports the model to --out.
+
+Not shipped yet: what runs from the shipped model showed (2 threads, EPYC). 16 minutes at lr 8e-4
+(2360 steps) and 10 minutes at 3e-4 (1900 steps): 0 of 30 held-out calls right and 0 of 20 calls on
+training-style prompts; the call is well formed, but the name is made up from the training pool
+("describe_denum...", "get_basling_basling...") rather than copied from an offered tool, and at 8e-4
+needle recall through the engine fell from 29 to 7 of 36. Copying a name out of the JSON listing
+(after `"name": "` there are as many earlier `"name": "` as tools, and every string of the schemas
+ends in the same quote token) is a harder induction than the needle task's; what to try next: the
+base stage's random-token repeats in this mix, a long low-lr run, or a wider model.
 """
 from __future__ import annotations
 
