@@ -1,7 +1,8 @@
 /*
  * The packed GEMM route's micro-kernel (256-bit registers) and the row route's tile run (512-bit
  * registers, 16-row strips) with AVX512-VNNI (EVEX vpdpbusd: Cascade Lake, Ice Lake, Zen 4, which
- * lack AVX-VNNI), the one file built for that ISA. Same code and the same run-time check as x86/avx_vnni.c.
+ * lack AVX-VNNI), the one file built for that ISA. Same code and the same run-time check as
+ * x86/avx_vnni.c.
  */
 #include "../internal.h"
 

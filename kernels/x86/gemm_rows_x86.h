@@ -85,8 +85,8 @@ static inline __attribute__((always_inline)) void rows_strip(const int is_q4, co
  * holds row c's block in its low half and row 8 + c's in its high half, so the 8-row transpose's
  * in-lane unpacks serve both halves at once; its last step (one 128-bit lane shuffle per vector)
  * leaves lane order rows 0-3, 8-11, 4-7, 12-15, which the scales take on and the sums put back
- * once a strip. Half the shuffles, broadcasts and dots of two 8-row strips per multiply-add: on a
- * CPU with full-width AVX-512 (Zen 5, Xeon) that is twice the dot rate. */
+ * once a strip. Half the shuffles, broadcasts and dots of two 8-row strips per multiply-add (on
+ * an AVX-512 EPYC: 1.4-1.6x the 8-row strips' rate at M = 8, docs/performance.md). */
 static inline __attribute__((always_inline)) void rows_strip16(const int is_q4, const int mr,
                                                                const struct gemm_rows_args *a, int64_t t0,
                                                                const uint8_t *const wrow[16],
