@@ -44,7 +44,7 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 # Retrieval at a third: at a fifth the needle recall fell from 0.80 to 0.17 (1024 tokens) while tools were learnt.
-MIX = {"tool": 0.2, "tool_drill": 0.22, "retrieval": 0.33, "drill": 0.08, "quote": 0.12, "doc_chat": 0.03,
+MIX = {"tool": 0.2, "tool_drill": 0.34, "retrieval": 0.3, "drill": 0.06, "quote": 0.06, "doc_chat": 0.02,
        "lm": 0.02}
 QUOTE_ASKS = ["Quote the passage exactly, word for word.", "Repeat this text exactly.", "Copy this text.",
               "Quote it back to me.", "Show the passage again, unchanged.", "Write out this text word for word."]
@@ -83,6 +83,36 @@ def grow_vocab(model, vocab: int):
     return model
 
 
+def grow_depth(model, layers: int):
+    """The model with `layers` decoder layers: each new layer is a copy of the one before it with
+    its two output projections (attention's o_proj, the MLP's down_proj) zeroed, so it adds
+    nothing to the residual stream and the grown model computes exactly what the old one did;
+    training then starts from the copied attention patterns. New layers go evenly between the old."""
+    import copy
+    import torch
+    old = list(model.model.layers)
+    if layers <= len(old):
+        return model
+    extra = layers - len(old)
+    after = {round((k + 1) * len(old) / (extra + 1)) - 1 for k in range(extra)}
+    assert len(after) == extra, "at most one new layer after each old one"
+    grown = []
+    for i, layer in enumerate(old):
+        grown.append(layer)
+        if i in after:
+            twin = copy.deepcopy(layer)
+            with torch.no_grad():
+                twin.self_attn.o_proj.weight.zero_()
+                twin.mlp.down_proj.weight.zero_()
+            grown.append(twin)
+    for i, layer in enumerate(grown):
+        layer.self_attn.layer_idx = i
+    model.model.layers = torch.nn.ModuleList(grown)
+    model.config.num_hidden_layers = layers
+    model.config.layer_types = ["full_attention"] * layers
+    return model
+
+
 def value_spans(text: str, start: int, values) -> list[tuple[int, int, str]]:
     """Loss spans of the values, each where it first occurs in the reply (text[start:]); the
     later value first, as the first matching span decides a token's kind."""
@@ -92,6 +122,17 @@ def value_spans(text: str, start: int, values) -> list[tuple[int, int, str]]:
         if where >= 0:
             spans.insert(0, (where, where + len(v), "value"))
     return spans
+
+
+_DESCRIPTION = re.compile(r'"description": "([^"]*)"')
+
+
+def description_spans(text: str, end: int) -> list[tuple[int, int, str]]:
+    """Language-model loss on the descriptions of an offered tool listing (text[:end]). A
+    description comes after its tool's name, and choosing a tool means going from the words of a
+    description back to the name before it; predicting a description from the name it follows
+    (get_humidity -> "the humidity of a ...") trains its tokens to look back at that name."""
+    return [(m.start(1), m.end(1), "lm") for m in _DESCRIPTION.finditer(text, 0, end)]
 
 
 def lean_schema(schema: dict) -> dict:
@@ -123,7 +164,8 @@ class ChatData:
                 at += len(TURN)
                 spans.append((at, at + len(old) + len(END_OF_TURN), "ans"))
                 at += len(old)
-        return text, value_spans(text, len(prompt), values) + spans
+        listing = description_spans(text, len(prompt)) if tools else []
+        return text, value_spans(text, len(prompt), values) + spans + listing
 
     def pack(self, make, length):
         """Samples from make() joined as the template joins turns, until about `length` tokens."""
@@ -149,7 +191,7 @@ class ChatData:
         serves up to six questions, so a row holds many choices among the same tools: choosing
         is what a model that copies one offered name well still gets wrong."""
         def make():
-            tools = self.tools.distinct_tools(self.rng, self.rng.randint(2, 4) if self.rng.random() < 0.85 else 1,
+            tools = self.tools.distinct_tools(self.rng, self.rng.randint(2, 4) if self.rng.random() < 0.9 else 1,
                                               same_verb=self.rng.random() < 0.3)
             schemas = [t["schema"] for t in tools]
             # shorter rows, more samples: schemas without descriptions, where every name spells its topic
@@ -157,7 +199,7 @@ class ChatData:
             if self.rng.random() < 0.25 and all(t["topic"] in t["name"].lower() for t in tools):
                 schemas = [lean_schema(t) for t in schemas]
             text = "<tools>\n" + "\n".join(json.dumps(t) for t in schemas) + "\n</tools>\n"
-            spans = []
+            spans = description_spans(text, len(text))
             for _ in range(self.rng.randint(1, 6)):
                 pick, value = self.rng.choice(tools), self.tools.made_up_value(self.rng)
                 question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value)
@@ -275,6 +317,52 @@ def tool_accuracy(model, chat_tok, tool_task, thinking: bool) -> tuple[float, li
     return hits / 30, texts
 
 
+def call_parts(model, chat_tok, cases) -> dict[str, float]:
+    """Where calls go wrong, teacher-forced (thinking off): the share of cases whose first name
+    token is right (choosing the tool), whose later name tokens are (copying the chosen name),
+    whose parameter and value are, each given the right call up to it. A model that copies
+    well but chooses at chance reads first ~1/tools, rest ~1.
+    cases: dicts with messages, tools, name, parameter, value (as held_out_cases gives)."""
+    import torch
+    right = {"first": 0, "rest": 0, "parameter": 0, "value": 0}
+    for case in cases:
+        prompt = chat_tok.apply_chat_template(case["messages"], tools=case["tools"], enable_thinking=False)
+        head = prompt + '<tool_call>\n{"name": "'
+        marks = [head, head + case["name"][:1], head + case["name"], head + case["name"] + '", "arguments": {"',
+                 head + case["name"] + '", "arguments": {"' + case["parameter"],
+                 head + case["name"] + '", "arguments": {"' + case["parameter"] + '": "',
+                 head + case["name"] + '", "arguments": {"' + case["parameter"] + '": "' + case["value"]]
+        ids = chat_tok.encode(marks[-1] + '"')
+        ends = [len(chat_tok.encode(m)) for m in marks]
+        with torch.no_grad():
+            guess = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        def ok(a, b):        # every token in ids[a:b] predicted from the one before it
+            return all(guess[i - 1] == ids[i] for i in range(a, max(b, a + 1)))
+        first_end = ends[0] + 1
+        right["first"] += ok(ends[0], first_end)
+        right["rest"] += ok(first_end, ends[2])
+        right["parameter"] += ok(ends[3], ends[4])
+        right["value"] += ok(ends[5], ends[6])
+    return {k: v / max(1, len(cases)) for k, v in right.items()}
+
+
+def training_style_cases(tool_task, n: int, seed: int = 11) -> list[dict]:
+    """n calls as the training set asks them (1-4 tools), for call_parts beside the held-out set."""
+    rng, cases = random.Random(seed), []
+    while len(cases) < n:
+        messages, schemas, reply, _, values = tool_task.tool_sample(rng)
+        if messages[-1]["role"] == "user":
+            call = json.loads(reply.split("</think>")[-1].strip()[len("<tool_call>"):-len("</tool_call>")])
+            (parameter, value), = call["arguments"].items()
+            cases.append({"messages": messages, "tools": schemas, "name": call["name"], "parameter": parameter,
+                          "value": value})
+    return cases
+
+
+def parts_line(parts: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.2f}" for k, v in parts.items())
+
+
 def run_chat_stage(args, base_module, log) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -315,6 +403,10 @@ def run_chat_stage(args, base_module, log) -> None:
         step, elapsed, state = 0, 0.0, None
         log(f"chat stage: from {source}, vocabulary {tok.get_vocab_size()} "
             f"(model rows {model.get_input_embeddings().weight.shape[0]})")
+    if args.layers and args.layers > model.config.num_hidden_layers:
+        log(f"chat stage: {model.config.num_hidden_layers} -> {args.layers} layers (new ones start as no-ops); "
+            f"optimizer state starts over")
+        model, state = grow_depth(model, args.layers), None
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -330,6 +422,7 @@ def run_chat_stage(args, base_module, log) -> None:
                     "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config_dir": str(config_dir)}, tmp)
         tmp.replace(ckpt)
 
+    probes = training_style_cases(tool_task, 40)
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
     sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "n": 0}
@@ -366,8 +459,11 @@ def run_chat_stage(args, base_module, log) -> None:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
             acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
+            held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
             model.train()
             log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
+            log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
+                f"training-style: {parts_line(seen)}")
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")

@@ -274,6 +274,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     ap.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --work")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="chat stage: grow the model to this many layers first (scripts/demo_chat_stage.py grow_depth)")
     ap.add_argument("--stage", choices=("base", "chat"), default="base",
                     help="base: language, doc chat and retrieval from scratch; chat: Qwen3's chat format "
                          "(thinking, tool calls) resumed from the model in --out (scripts/demo_chat_stage.py)")

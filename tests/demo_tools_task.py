@@ -85,8 +85,15 @@ QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you chec
              "How about the {t} of {v}?", "Please find the {t} for {v}.", "Give me the {t} of {v}.",
              "Which {t} does {v} have?", "What is the {t} in {v}?", "How is the {t} at {v} right now?",
              "Do you know the {t} for {v}?", "Show me the {t} of {v}.", "{v}: what is its {t}?",
-             "I want to know the {t} of the {v}.", "Could you get the {t} for my {v}?"]
-VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}."]
+             "I want to know the {t} of the {v}.", "Could you get the {t} for my {v}?",
+             # the value before the topic, after other words, or with no preposition at all
+             "What's {v}'s {t}?", "{v} {t}?", "Check the {t} on the {v}.", "I'd like the {t} for {v}.",
+             "Get me the {t} of {v}.", "The {v} {t}, please.", "How high is the {t} at {v}?",
+             "{t} for {v}?", "Could you tell me the {t} in {v} right now?", "My {v}: what {t} does it have?",
+             "What does the {v} {t} say?", "How is {v} doing on {t}?", "Is the {t} of {v} known yet?",
+             "Tell me about the {t} of my {v}.", "Which {t} is set for {v}?", "For {v}, what is the {t}?"]
+VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}.",
+                  "{V} the {v}.", "I want to {verb} {v}.", "Please {verb} the {v}.", "Could you {verb} the {v} now?"]
 ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
 SYSTEMS = [None, None, "You are a helpful assistant.", "You are an assistant running on an edge board.",
            "Answer briefly."]
