@@ -29,7 +29,9 @@ parameter / value is right):
   * Loss on the offered tools' descriptions (description_spans) and more question forms, 30 minutes
     more, then grown to 6 layers (grow_depth, --layers 6) for 25: held-out call parts 0.30 -> 0.40-0.53
     first, 0.87 rest, 0.57 -> 0.83-0.90 parameter, 0.33 -> 0.40-0.47 value; greedy calls 0.07-0.13.
-    Needle recall (torch, 10 haystacks) at step 7451: 1.0 at 512 and 1024 tokens (shipped model: 0.83, 0.80).
+    Needle recall (torch, 10 haystacks, at 512 / 1024 tokens; shipped model 0.83 / 0.80): 1.0 / 1.0 at
+    step 7451, 0.93 / 0.93 at 13128 (4 layers), 1.0 / 1.0 at 14136 (6 layers), then 0.47 / 0.37 at
+    16157 (lr 1.8e-4): recall is now measured at every checkpoint too.
 What holds it back, and what to try next:
   * choosing: a description comes after its tool's name, so the question's words (which match the
     description, not the name: inside a name a word tokenizes apart) lead to a position the name is
@@ -473,10 +475,12 @@ def run_chat_stage(args, base_module, log) -> None:
             model.eval()       # progress on what this stage is for, at every checkpoint
             acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
             held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
+            # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
+            recall = base_module.needle_recall(model, chat_tok, 1024, 5)
             model.train()
             log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
             log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
-                f"training-style: {parts_line(seen)}")
+                f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}")
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
