@@ -343,21 +343,23 @@ def call_parts(model, chat_tok, cases) -> dict[str, float]:
     for case in cases:
         prompt = chat_tok.apply_chat_template(case["messages"], tools=case["tools"], enable_thinking=False)
         head = prompt + '<tool_call>\n{"name": "'
-        marks = [head, head + case["name"][:1], head + case["name"], head + case["name"] + '", "arguments": {"',
-                 head + case["name"] + '", "arguments": {"' + case["parameter"],
-                 head + case["name"] + '", "arguments": {"' + case["parameter"] + '": "',
-                 head + case["name"] + '", "arguments": {"' + case["parameter"] + '": "' + case["value"]]
-        ids = chat_tok.encode(marks[-1] + '"')
-        ends = [len(chat_tok.encode(m)) for m in marks]
+        name = head + case["name"]
+        arguments = name + '", "arguments": {"'
+        parameter = arguments + case["parameter"]
+        value = parameter + '": "'
+        end = {k: len(chat_tok.encode(t)) for k, t in
+               (("head", head), ("name", name), ("arguments", arguments), ("parameter", parameter), ("value", value),
+                ("call", value + case["value"]))}
+        ids = chat_tok.encode(value + case["value"] + '"')
         with torch.no_grad():
             guess = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
-        def ok(a, b):        # every token in ids[a:b] predicted from the one before it
-            return all(guess[i - 1] == ids[i] for i in range(a, max(b, a + 1)))
-        first_end = ends[0] + 1
-        right["first"] += ok(ends[0], first_end)
-        right["rest"] += ok(first_end, ends[2])
-        right["parameter"] += ok(ends[3], ends[4])
-        right["value"] += ok(ends[5], ends[6])
+
+        def ok(a, b):        # every token of ids[a:b] predicted from the ones before it
+            return all(guess[i - 1] == ids[i] for i in range(a, b))
+        right["first"] += ok(end["head"], end["head"] + 1)
+        right["rest"] += ok(end["head"] + 1, end["name"])
+        right["parameter"] += ok(end["arguments"], end["parameter"])
+        right["value"] += ok(end["value"], end["call"])
     return {k: v / max(1, len(cases)) for k, v in right.items()}
 
 
