@@ -369,7 +369,7 @@ def training_style_cases(tool_task, n: int, seed: int = 11) -> list[dict]:
     while len(cases) < n:
         messages, schemas, reply, _, values = tool_task.tool_sample(rng)
         if messages[-1]["role"] == "user":
-            call = json.loads(reply.split("</think>")[-1].strip()[len("<tool_call>"):-len("</tool_call>")])
+            call = json.loads(tool_task.call_bodies(reply)[0])
             (parameter, value), = call["arguments"].items()
             cases.append({"messages": messages, "tools": schemas, "name": call["name"], "parameter": parameter,
                           "value": value})

@@ -269,10 +269,15 @@ def held_out_cases(seed: int = 0) -> list[dict]:
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
+def call_bodies(text: str) -> list[str]:
+    """The JSON text of each `<tool_call>` block of a reply, after its thought."""
+    return _CALL.findall(text.split("</think>")[-1])
+
+
 def is_right_call(text: str, case: dict) -> bool:
     """A well-formed call (the tool-call parser's format) to the right function, with the value
     from the question as its argument, and nothing else called."""
-    calls = _CALL.findall(text.split("</think>")[-1])
+    calls = call_bodies(text)
     if len(calls) != 1:
         return False
     try:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 import demo_tools_task as tools  # noqa: E402
 import demo_chat_stage as stage  # noqa: E402
+import train_demo_model  # noqa: E402
 
 DEMO = ROOT / "appliance" / "demo_model"
 
@@ -61,8 +62,8 @@ def chat_data(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("chat_tokenizer")
     tok = stage.extend_tokenizer(DEMO, out)
-    base = __import__("train_demo_model").Data(tok, [("json.dumps", "Serialize obj to a JSON formatted str. " * 4)],
-                                               [], random.Random(0))
+    base = train_demo_model.Data(tok, [("json.dumps", "Serialize obj to a JSON formatted str. " * 4)], [],
+                                 random.Random(0))
     return stage.ChatData(base, Tokenizer(out, {2}), tools, None, random.Random(5))
 
 
@@ -87,5 +88,5 @@ def test_a_tool_drill_row_is_a_listing_then_calls_with_their_values_marked(chat_
     text = chat_data.chat_tok.decode(ids)
     listing = text[text.index("<tools>") + len("<tools>"):text.index("</tools>")]
     offered = [json.loads(line)["function"]["name"] for line in listing.strip().splitlines()]
-    called = [json.loads(c)["name"] for c in tools._CALL.findall(text)]
+    called = [json.loads(c)["name"] for c in tools.call_bodies(text)]
     assert called and set(called) <= set(offered)
