@@ -111,6 +111,8 @@ def made_up_value(rng: random.Random) -> str:
     """A value to copy: a word, or a made-up name (nothing to recall, only to copy)."""
     if rng.random() < 0.08:              # a value of two words, copied whole
         return rng.choice(WORDS).lower() + " " + rng.choice(WORDS).lower()
+    if VALUE_PIECES and rng.random() < 0.35:
+        return piece_value(rng)
     if CORPUS_WORDS and rng.random() < 0.3:
         word = rng.choice(CORPUS_WORDS)
         return word.capitalize() if rng.random() < 0.4 else word
@@ -118,6 +120,30 @@ def made_up_value(rng: random.Random) -> str:
         return rng.choice(WORDS)
     word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
     return word.capitalize() if rng.random() < 0.6 else word
+
+
+# Pieces of the model's vocabulary (widen_values). In a question a value is space-led (` Paris`
+# is `ĠPar is`), in a call it follows a quote (`"Paris"` is `" Par is "`), so copying it means
+# mapping its first piece to the piece without the space, often split anew (` ACME` is `ĠA C ME`,
+# `"ACME` is `AC ME`). Values made of random pieces teach that for the whole vocabulary, not only
+# for the first pieces of the words training values are made of.
+VALUE_PIECES: list[str] = []
+
+
+def widen_values(pieces) -> int:
+    """Let values be made of these vocabulary pieces (letters only, any leading space dropped)."""
+    held = {v.lower() for t in HELD_OUT_TOOLS for v in t[5]}
+    VALUE_PIECES[:] = sorted({p.lstrip("\u0120 ") for p in pieces if re.fullmatch(r"\u0120? ?[A-Za-z]{1,8}", p)}
+                             - held)
+    return len(VALUE_PIECES)
+
+
+def piece_value(rng: random.Random) -> str:
+    """A value of 1-3 random vocabulary pieces, in any case, sometimes with a digit."""
+    word = "".join(rng.choice(VALUE_PIECES) for _ in range(rng.choice([1, 2, 2, 3])))
+    case = rng.random()
+    word = word.lower() if case < 0.4 else word.capitalize() if case < 0.75 else word.upper() if case < 0.85 else word
+    return word + str(rng.randint(0, 9)) if rng.random() < 0.1 else word
 
 
 # Words of the training corpus (widen_pools), so that names, parameters and values come from

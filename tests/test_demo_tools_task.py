@@ -29,6 +29,23 @@ def test_training_never_offers_a_held_out_name_or_parameter():
         assert tools.made_up_value(rng).lower() not in held_values
 
 
+def test_piece_values_are_letters_of_the_vocabulary_and_never_a_held_out_value(monkeypatch):
+    from tokenizers import Tokenizer
+
+    monkeypatch.setattr(tools, "VALUE_PIECES", [])
+    vocab = Tokenizer.from_file(str(DEMO / "tokenizer.json")).get_vocab()
+    assert tools.widen_values(vocab) > 1000
+    assert all(p.isalpha() and p.isascii() and not p.startswith("\u0120") for p in tools.VALUE_PIECES)
+    assert "paris" not in tools.VALUE_PIECES and "soc" not in tools.VALUE_PIECES
+    rng = random.Random(2)
+    values = [tools.piece_value(rng) for _ in range(500)]
+    assert all(v[:-1].isalpha() and 1 <= len(v) <= 3 * 8 + 1 for v in values)
+    assert len(set(values)) > 450                   # nothing to remember, only to copy
+    # a question and the call it needs carry the value, space-led in one and quoted in the other
+    messages, _, reply, _, picked = tools.tool_sample(random.Random(4))
+    assert picked[-1] in messages[-1]["content"] or picked[0] in messages[-1]["content"]
+
+
 def test_the_measure_takes_the_right_call_and_nothing_else():
     case = tools.held_out_cases()[0]
     right = tools.call_text(case["name"], {case["parameter"]: case["value"]})
