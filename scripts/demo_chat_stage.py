@@ -375,17 +375,9 @@ def call_parts(model, chat_tok, cases) -> dict[str, float]:
         right["first"] += ok(end["head"], end["head"] + 1)
         right["rest"] += ok(end["head"] + 1, end["name"])
         right["parameter"] += ok(end["arguments"], end["parameter"])
-        right["value"] += written(model, chat_tok, ids[:end["value"]], end["call"] - end["value"] + 4) \
+        right["value"] += generate(model, chat_tok, ids[:end["value"]], end["call"] - end["value"] + 4) \
             .startswith(case["value"] + '"')
     return {k: v / max(1, len(cases)) for k, v in right.items()}
-
-
-def written(model, chat_tok, ids, n) -> str:
-    """The text the model writes greedily after ids, n tokens at most."""
-    import torch
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=0)
-    return chat_tok.decode(out[0, len(ids):].tolist())
 
 
 def training_style_cases(tool_task, n: int, seed: int = 11) -> list[dict]:

@@ -133,7 +133,7 @@ VALUE_PIECES: list[str] = []
 def widen_values(pieces) -> int:
     """Let values be made of these vocabulary pieces (letters only, any leading space dropped)."""
     held = {v.lower() for t in HELD_OUT_TOOLS for v in t[5]}
-    VALUE_PIECES[:] = sorted({p.lstrip("\u0120 ") for p in pieces if re.fullmatch(r"\u0120? ?[A-Za-z]{1,8}", p)}
+    VALUE_PIECES[:] = sorted({p.lstrip("\u0120") for p in pieces if re.fullmatch(r"\u0120?[A-Za-z]{1,8}", p)}
                              - held)
     return len(VALUE_PIECES)
 

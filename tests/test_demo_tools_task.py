@@ -41,7 +41,7 @@ def test_piece_values_are_letters_of_the_vocabulary_and_never_a_held_out_value(m
     values = [tools.piece_value(rng) for _ in range(500)]
     assert all(v[:-1].isalpha() and 1 <= len(v) <= 3 * 8 + 1 for v in values)
     assert len(set(values)) > 450                   # nothing to remember, only to copy
-    # a question and the call it needs carry the value, space-led in one and quoted in the other
+    # the value a sample trains on is the one its question asks about
     messages, _, reply, _, picked = tools.tool_sample(random.Random(4))
     assert picked[-1] in messages[-1]["content"] or picked[0] in messages[-1]["content"]
 
