@@ -1,0 +1,64 @@
+"""The chat stage's own arithmetic (scripts/demo_chat_stage.py): the twin-embedding loss that lines
+up bare and space-led letter pieces, and the choice of the checkpoint to ship."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import demo_chat_stage as stage  # noqa: E402
+
+
+def test_twin_pairs_are_letter_pieces_with_a_space_led_twin():
+    vocab = {"Par": 0, "\u0120Par": 1, "is": 2, "\u0120is": 3, "ather": 4, "_": 5, "\u0120_": 6, "ab1": 7, "\u0120ab1": 8}
+    plain, spaced = stage.twin_pairs(vocab)
+    assert sorted(zip(plain, spaced)) == [(0, 1), (2, 3)]
+
+
+def test_twin_loss_is_zero_for_one_shared_offset_and_grows_with_the_spread():
+    gen = torch.Generator().manual_seed(0)
+    spaced_rows = torch.randn(10, 16, generator=gen)
+    offset = torch.randn(16, generator=gen)
+    plain, spaced = torch.arange(10, 20), torch.arange(10)
+    aligned = torch.cat([spaced_rows, spaced_rows + offset])
+    assert stage.twin_loss(aligned, plain, spaced).item() == pytest.approx(0.0, abs=1e-6)
+    noise = torch.randn(10, 16, generator=gen)
+    losses = [stage.twin_loss(torch.cat([spaced_rows, spaced_rows + offset + s * noise]), plain, spaced).item()
+              for s in (0.1, 0.5, 1.0)]
+    assert 0 < losses[0] < losses[1] < losses[2]
+    # the loss is relative to the embeddings' size: scaling everything leaves it unchanged
+    scaled = torch.cat([spaced_rows, spaced_rows + offset + noise]) * 7.0
+    assert stage.twin_loss(scaled, plain, spaced).item() == pytest.approx(losses[2], rel=1e-5)
+
+
+def test_the_loss_pulls_twins_together_under_gradient_descent():
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.nn.Parameter(torch.randn(40, 8, generator=gen))
+    plain, spaced = torch.arange(20, 40), torch.arange(20)
+    before = stage.twin_loss(weight, plain, spaced).item()
+    opt = torch.optim.Adam([weight], lr=0.05)
+    for _ in range(200):
+        opt.zero_grad()
+        stage.twin_loss(weight, plain, spaced).backward()
+        opt.step()
+    assert stage.twin_loss(weight, plain, spaced).item() < 0.05 * before
+
+
+def test_keep_best_needs_the_recall_and_a_better_score():
+    model = torch.nn.Linear(2, 2)
+    best, lines = {"score": -1.0, "state": None, "step": 0}, []
+    stage.keep_best(best, model, 10, 1.5, stage.KEEP_RECALL - 0.1, lines.append)
+    assert best["state"] is None                               # lost retrieval: never shipped
+    stage.keep_best(best, model, 20, 1.0, stage.KEEP_RECALL, lines.append)
+    assert best["step"] == 20
+    kept = best["state"]["weight"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)                                 # the kept state is a copy, not the live tensor
+    assert torch.equal(best["state"]["weight"], kept)
+    stage.keep_best(best, model, 30, 0.9, 1.0, lines.append)  # worse calls: the earlier one stays
+    assert best["step"] == 20
+    stage.keep_best(best, model, 40, 1.2, 0.9, lines.append)
+    assert best["step"] == 40 and len(lines) == 2
