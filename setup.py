@@ -59,6 +59,7 @@ sources = [
     "kernels/arm/neon_attention.c",
     "kernels/kv_store.c",
     "kernels/sparse_select.c",
+    "kernels/strips.c",
     "kernels/dispatch.c",
     "kernels/pool.c",
 ]

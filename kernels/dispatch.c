@@ -28,6 +28,12 @@ void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
     gemm_q4_portable(wq, wd, N, K, xq, xd, M, y, nthreads);
 }
 
+void gemm_strips_simd(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq,
+                      const float *xd, int64_t M, float *y, int nthreads)
+{
+    gemm_strips_portable(is_q4, ws, N, K, xq, xd, M, y, nthreads);
+}
+
 void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
 {
     rmsnorm_portable(x, w, M, D, eps, out);
@@ -131,6 +137,15 @@ const char *kernel_gemm_variants(void)
 int kernel_set_gemm_variant(const char *name)
 {
     return strcmp(name, "rows") == 0 ? 0 : -1;
+}
+#endif
+
+#if !defined(KERNELS_AVX2)
+#include "gemm_strips.h"
+/* Only x86 with AVX512-VNNI has a strips micro-kernel (x86/avx2.c); elsewhere weights stay in rows. */
+gemm_strips_fn gemm_strips_runner(void)
+{
+    return NULL;
 }
 #endif
 

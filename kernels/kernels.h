@@ -53,6 +53,21 @@ void gemm_q4_portable(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t 
 void gemm_q4_simd(const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                   const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads);
 
+/* ---- GEMM over weights stored in strips (gemm_strips.h) ---------------
+ * gemm_strips_bytes: the bytes N rows take packed; gemm_strips_pack: Q8_0 (is_q4 0) or Q4_0 rows,
+ * as gemm_q8 / gemm_q4 take them, into ws (64-byte aligned, gemm_strips_bytes long);
+ * gemm_strips_{portable,simd}: gemm_q8 / gemm_q4's y from the packed weights, with
+ * gemm_q8_simd's bits (portable: the layout's scalar twin);
+ * kernel_gemm_strips_fast: 1 when gemm_strips_simd runs a vector micro-kernel on this CPU (the
+ * active GEMM variant has one), so that packing pays; 0: it would be the portable loop.       */
+int64_t gemm_strips_bytes(int is_q4, int64_t N, int64_t K);
+void gemm_strips_pack(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K, uint8_t *ws);
+void gemm_strips_portable(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq,
+                          const float *xd, int64_t M, float *y, int nthreads);
+void gemm_strips_simd(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq,
+                      const float *xd, int64_t M, float *y, int nthreads);
+int kernel_gemm_strips_fast(void);
+
 /* ---- elementwise ------------------------------------------------------ */
 /* out[m, :] = x[m, :] / sqrt(mean(x[m,:]^2) + eps) * w   (x float[M, D], w float[D]); out may alias x */
 void rmsnorm_portable(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out);

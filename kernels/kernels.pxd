@@ -28,6 +28,14 @@ cdef extern from "kernels.h" nogil:
     void gemm_q4_simd(const uint8_t *wq__nk2, const uint16_t *wd__nb, int64_t N, int64_t K,
                       const int8_t *xq__mk, const float *xd__mb, int64_t M, float *y__mn, int nthreads)
 
+    int64_t gemm_strips_bytes(int is_q4, int64_t N, int64_t K)
+    void gemm_strips_pack(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t N, int64_t K, uint8_t *ws)
+    void gemm_strips_portable(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq__mk,
+                              const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+    void gemm_strips_simd(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq__mk,
+                          const float *xd__mb, int64_t M, float *y__mn, int nthreads)
+    int kernel_gemm_strips_fast()
+
     void rmsnorm_portable(const float *x__md, const float *w__d, int64_t M, int64_t D, float eps, float *out__md)
     void rmsnorm_simd(const float *x__md, const float *w__d, int64_t M, int64_t D, float eps, float *out__md)
     void rope_portable(float *x__mhd, int64_t M, int64_t H, int64_t hd, const int32_t *pos__m, const float *inv_freq__h)

@@ -256,6 +256,67 @@ def gemm_q4(wq, wd, xq, xd, out=None, path="simd", int threads=0):
     return _gemm(1, wq, wd, xq, xd, out, path, threads)
 
 
+# ---- weights in strips (kernels/gemm_strips.h) --------------------------------------
+
+def strips_fast():
+    """True when gemm_strips runs a vector micro-kernel on this CPU's active GEMM variant, so that
+    packing weights into strips pays (x86 with AVX512-VNNI); False: it would be the scalar twin."""
+    return kernel_gemm_strips_fast() != 0
+
+
+def pack_strips(wq, wd, bint q4):
+    """Q8_0 (wq int8[N, K]) or Q4_0 (uint8[N, K/2]) weights with their scales wd float16[N, K/32]
+    -> uint8[gemm_strips_bytes] in the strips layout, 64-byte aligned, for gemm_strips."""
+    if q4:
+        _check(wq, "wq", cnp.NPY_UINT8, 2, 0, "uint8 [N, K/2] (Q4_0)")
+    else:
+        _check(wq, "wq", cnp.NPY_INT8, 2, 0, "int8 [N, K] (Q8_0)")
+    _check(wd, "wd", cnp.NPY_FLOAT16, 2, 0, "float16 (or uint16 bits) [N, K/32]")
+    cdef Py_ssize_t N = _dim(wq, 0), K = _dim(wd, 1) * QK
+    _check_dim(_dim(wq, 1), K // 2 if q4 else K, "wq.shape[1]")
+    _check_dim(_dim(wd, 0), N, "wd.shape[0]")
+    cdef int64_t nbytes = gemm_strips_bytes(q4, N, K)
+    raw = np.empty(nbytes + 64, np.uint8)
+    cdef Py_ssize_t start = (-raw.ctypes.data) % 64
+    ws = raw[start:start + nbytes]
+    cdef const uint8_t *w = <const uint8_t *>_data(wq)
+    cdef const uint16_t *d = <const uint16_t *>_data(wd)
+    cdef uint8_t *p = <uint8_t *>_data(ws)
+    with nogil:
+        gemm_strips_pack(q4, w, d, N, K, p)
+    return ws
+
+
+def gemm_strips(ws, Py_ssize_t N, Py_ssize_t K, bint q4, xq, xd, out=None, path="simd", int threads=0):
+    """gemm_q8 (q4: gemm_q4) of weights packed by pack_strips (N rows, K inputs), the same bits."""
+    cdef bint simd = _use_simd(path)
+    cdef int nt = _nthreads(threads)
+    _check(ws, "ws", cnp.NPY_UINT8, 1, 0, "uint8 1-D (pack_strips)")
+    _check_k(K, "K")
+    _check_dim(_dim(ws, 0), gemm_strips_bytes(q4, N, K), "ws.shape[0]")
+    if (<size_t>_data(ws)) % 64:
+        raise ValueError("ws: the strips must start 64-byte aligned (as pack_strips returns them)")
+    _check(xq, "xq", cnp.NPY_INT8, 2, 0, "int8 [M, K]")
+    _check(xd, "xd", cnp.NPY_FLOAT32, 2, 0, "float32 [M, K/32]")
+    cdef Py_ssize_t M = _dim(xq, 0)
+    _check_dim(_dim(xq, 1), K, "xq.shape[1]")
+    _check_dim(_dim(xd, 0), M, "xd.shape[0]")
+    _check_dim(_dim(xd, 1), K // QK, "xd.shape[1]")
+    out = _out2(out, M, N)
+    cdef const uint8_t *w = <const uint8_t *>_data(ws)
+    cdef const int8_t *x = <const int8_t *>_data(xq)
+    cdef const float *xs = <const float *>_data(xd)
+    cdef float *y = <float *>_data(out)
+    if M == 0 or N == 0:
+        return out
+    with nogil:
+        if simd:
+            gemm_strips_simd(q4, w, N, K, x, xs, M, y, nt)
+        else:
+            gemm_strips_portable(q4, w, N, K, x, xs, M, y, nt)
+    return out
+
+
 # ---- elementwise -------------------------------------------------------------------
 
 def rmsnorm(x, w, float eps, out=None, path="simd"):

@@ -50,10 +50,23 @@ def flip_byte_of(path: Path, tensor: str, offset: int = 0) -> None:
         out.write(bytes([byte[0] ^ 0x10]))
 
 
+def stored_at(path: Path, tensor: str, offset: int) -> tuple[str, int]:
+    """Where a q8 cache holds byte `offset` of `tensor` (named as in the row layout: X.qs, X.d):
+    there, or in a cache in strips inside X.ws, among a strip's weights or its scales after them."""
+    from appliance.weights import loader
+    if loader.cache_order() == "rows":
+        return tensor, offset
+    base, part = tensor.rsplit(".", 1)
+    strip_bytes = SafetensorsFile(path)._entries[base + ".ws"]["shape"][1]
+    blocks = strip_bytes // (512 + 32)                # a q8 block: 512 weight bytes, 16 fp16 scales
+    return base + ".ws", offset if part == "qs" else blocks * 512 + offset
+
+
 @pytest.mark.parametrize("tensor", ["embed.d", "embed.qs", "0.qkv.d", "1.down.qs"])
 def test_a_flipped_byte_is_detected_and_the_cache_rebuilt(model_copy, reference, tensor, caplog):
     expected, path = reference
-    flip_byte_of(path, tensor, offset=3)
+    tensor, offset = stored_at(path, tensor, 3)
+    flip_byte_of(path, tensor, offset=offset)
     engine = Engine.load(model_copy, weights="q8", progress=False)
     report = engine.weight_cache
     assert report.built and [kind for _, kind, _ in report.rejected] == ["corrupt"]
@@ -196,11 +209,12 @@ def test_selftest_verifies_the_served_models_cache(model_copy, reference):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     report = json.loads(ok.stdout)
     assert report["weight_cache"]["ok"] and report["weight_cache"]["path"] == str(path)
-    flip_byte_of(path, "0.o.qs", offset=1)
+    tensor, offset = stored_at(path, "0.o.qs", 1)
+    flip_byte_of(path, tensor, offset=offset)
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
-    assert not report["weight_cache"]["ok"] and "0.o.qs" in report["weight_cache"]["problem"]
+    assert not report["weight_cache"]["ok"] and tensor in report["weight_cache"]["problem"]
 
 
 def test_the_loader_reports_its_stages(model_copy):

@@ -102,6 +102,28 @@ def test_cache_written_reused_and_invalidated(model_copy):
     assert len(fresh) == 1 and fresh[0].name != caches[0].name
 
 
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_the_cache_holds_the_order_this_machine_reads_and_both_orders_agree(model_copy, monkeypatch, fmt):
+    from appliance.weights import linear, loader
+    from appliance.weights.safetensors_io import SafetensorsFile
+
+    ids = [5, 6, 7, 8, 9]
+    monkeypatch.setenv("APPLIANCE_GEMM_STRIPS", "0")
+    rows = Engine.load(model_copy, weights=fmt, progress=False)
+    monkeypatch.setenv("APPLIANCE_GEMM_STRIPS", "1")
+    native = Engine.load(model_copy, weights=fmt, progress=False)
+    caches = sorted(p.name for p in (model_copy / ".appliance-cache").glob(f"{fmt}-*.safetensors"))
+    order = loader.cache_order()
+    assert order == ("strips" if linear.strips_wanted() else "rows")
+    assert len(caches) == (2 if order == "strips" else 1)         # one file per order, both kept
+    names = SafetensorsFile(native.weight_cache.path).keys()
+    assert any(n.endswith(".ws") for n in names) == (order == "strips")
+    assert not any(n.endswith(".qs") for n in names) or order == "rows"
+    down = native.model.layers[0].mlp.mlp.down
+    assert (down.ws is not None) == (order == "strips") and down.n_in == rows.model.layers[0].mlp.mlp.down.n_in
+    np.testing.assert_array_equal(native.logits(ids), rows.logits(ids))
+
+
 def test_read_only_model_dir_caches_elsewhere(model_copy, tmp_path, monkeypatch):
     if os.geteuid() == 0:
         # root ignores permission bits; simulate a read-only dir by making the cache path a file

@@ -56,11 +56,7 @@ def answer_head(model, yes: int, no: int) -> Linear:
     head = model.lm_head
     if head is None:
         raise ValueError("this checkpoint has no output head (lm_head): it cannot judge yes / no")
-    rows = [yes, no]
-    if head.kind == "f32":
-        return Linear("f32", 2, head.n_in, w=np.ascontiguousarray(head.w[rows]))
-    return Linear(head.kind, 2, head.n_in, qs=np.ascontiguousarray(head.qs[rows]),
-                  d=np.ascontiguousarray(head.d[rows]))
+    return head.select_rows([yes, no])
 
 
 def relevance(engine, prompt: RerankPrompt, sequences: list[list[int]],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from appliance.kernels import quant
+from appliance.kernels import quant, strips
 
 
 def quantize_rows_q8(x, path="simd"):
@@ -28,6 +28,19 @@ def gemm_q8(wq, wd, xq, xd, out=None, path="simd", threads=0):
 
 def gemm_q4(wq, wd, xq, xd, out=None, path="simd", threads=0):
     return gemm_q8(quant.unpack_q4(wq), wd, xq, xd, out=out)
+
+
+def strips_fast():
+    return False            # numpy gains nothing from the layout: engines keep the row layout here
+
+
+def pack_strips(wq, wd, q4):
+    return strips.pack(wq, wd, bool(q4))
+
+
+def gemm_strips(ws, N, K, q4, xq, xd, out=None, path="simd", threads=0):
+    qs, d = strips.unpack(ws, N, K, bool(q4))
+    return (gemm_q4 if q4 else gemm_q8)(qs, d, xq, xd, out=out)
 
 
 def rmsnorm(x, w, eps, out=None, path="simd"):

@@ -264,7 +264,7 @@ class Qwen3Model:
 
     def __init__(self, cfg: Qwen3Config, kind: str, tensors: dict):
         self.cfg = cfg
-        self.embed = Embedding("f32" if kind == "f32" else "q8", tensors, "embed")
+        self.embed = Embedding("f32" if kind == "f32" else "q8", tensors, "embed", head=cfg.tie_word_embeddings)
         self.norm = tensors["norm"]
         self.layers = [self.make_layer(cfg, i, kind, tensors) for i in range(cfg.num_hidden_layers)]
         self.lm_head = (self.embed.as_linear() if cfg.tie_word_embeddings

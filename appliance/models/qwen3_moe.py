@@ -134,19 +134,18 @@ class ExpertUse:
 class Expert:
     """One expert's SwiGLU; its input rows come quantized once for all experts of the layer."""
 
-    __slots__ = ("gate_up", "down", "intermediate", "gemm")
+    __slots__ = ("gate_up", "down", "intermediate")
 
     def __init__(self, kind: str, t: dict, name: str):
         self.gate_up = Linear.from_tensors(kind, t, f"{name}.gate_up")
         self.down = Linear.from_tensors(kind, t, f"{name}.down")
         self.intermediate = self.gate_up.n_out // 2
-        self.gemm = {"q8": kernels.gemm_q8, "q4": kernels.gemm_q4}.get(kind)
 
     def __call__(self, x: tuple) -> np.ndarray:
         """x: (xq int8[n, hidden], xd float32[n, hidden/32]), or (float32[n, hidden],) for f32 weights.
         Returns float32[n, hidden]."""
         gu = self.gate_up
-        y = gu(x[0]) if self.gemm is None else self.gemm(gu.qs, gu.d, x[0], x[1])   # [n, 2*intermediate]
+        y = gu(x[0]) if len(x) == 1 else gu.matmul_quantized(x[0], x[1])   # [n, 2*intermediate]
         f = self.intermediate
         act = kernels.silu_mul(np.ascontiguousarray(y[:, :f]), np.ascontiguousarray(y[:, f:]))
         return self.down(act)

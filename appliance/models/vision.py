@@ -160,7 +160,7 @@ ACTIVATIONS = {"gelu_pytorch_tanh": gelu_tanh, "gelu": gelu_erf}
 
 
 def _linear(kind: str, t: dict, name: str) -> Linear:
-    if name + ".qs" in t:
+    if name + ".qs" in t or name + ".ws" in t:
         return Linear.from_tensors(kind, t, name, bias=t[name + ".bias"])
     return Linear.from_tensors("f32", t, name, bias=t[name + ".bias"])
 

@@ -5,6 +5,10 @@ tensor the model family's plan names, quantize the linear layers (Q8_0 or Q4_0)
 with a progress bar, write them to one cache file and map that. Later loads map
 the cache directly: no quantization, no copy, pages come in as they are touched.
 
+Quantized matrices are stored in the order this machine's GEMM reads them: as rows (qs, d), or,
+where the GEMM has a micro-kernel for it (x86 with AVX512-VNNI), in strips (kernels/gemm_strips.h),
+so that layout too is mapped without a copy and an expert that never runs is never read.
+
 The cache is keyed by the identity of the source files (name, size, mtime of
 config.json and every *.safetensors) and the format; a changed file gives a new
 key, so a stale cache is never used. It lives in <model>/.appliance-cache/, or in
@@ -28,9 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from appliance.kernels import quant
+from appliance.kernels import strips
+from appliance.kernels.dispatch import kernels
 from appliance.options import WEIGHT_FORMATS
 from appliance.errors import ModelLoadError
 from appliance.weights.report import CacheReport
+from appliance.weights.linear import strips_wanted
 from appliance.weights.spec import TensorSpec
 from appliance.weights.safetensors_io import SafetensorsFile, to_float32, write_safetensors_stream
 
@@ -159,26 +166,46 @@ def _packed_format(spec: TensorSpec, fmt: str) -> str:
     return "q8" if (spec.kind == "embedding" or spec.at_least_q8) else fmt
 
 
-def _layout(spec: TensorSpec, fmt: str) -> list[tuple[str, np.dtype, tuple]]:
-    """(name, dtype, shape) of the arrays `spec` becomes in the cache."""
+def _layout(spec: TensorSpec, fmt: str, order: str) -> list[tuple[str, np.dtype, tuple]]:
+    """(name, dtype, shape) of the arrays `spec` becomes in the cache. `order` "rows": qs and d as
+    stored by quant.py; "strips": one uint8 [strips, strip bytes] array (kernels/gemm_strips.h)."""
     if spec.kind == "vector":
         return [(spec.name, np.dtype(np.float32), tuple(spec.shape))]
     n, k = spec.shape
-    qs = (np.dtype(np.int8), (n, k)) if _packed_format(spec, fmt) == "q8" else (np.dtype(np.uint8), (n, k // 2))
+    q4 = _packed_format(spec, fmt) == "q4"
+    if order == "strips":
+        return [(spec.name + ".ws", np.dtype(np.uint8), (strips.strips_count(n), strips.strip_bytes(q4, k)))]
+    qs = (np.dtype(np.uint8), (n, k // 2)) if q4 else (np.dtype(np.int8), (n, k))
     return [(spec.name + ".qs", *qs), (spec.name + ".d", np.dtype(np.float16), (n, k // quant.QK))]
 
 
-def _pack(spec: TensorSpec, w: np.ndarray, fmt: str) -> list[np.ndarray]:
+def _pack(spec: TensorSpec, w: np.ndarray, fmt: str, order: str) -> list[np.ndarray]:
     if spec.kind == "vector":
         return [w.astype(np.float32).reshape(spec.shape)]
-    packer = quant.quantize_q8_0 if _packed_format(spec, fmt) == "q8" else quant.quantize_q4_0
-    return list(packer(w))
+    q4 = _packed_format(spec, fmt) == "q4"
+    qs, d = (quant.quantize_q4_0 if q4 else quant.quantize_q8_0)(w)
+    if order == "rows":
+        return [qs, d]
+    return [kernels.pack_strips(qs, d, q4).reshape(strips.strips_count(spec.shape[0]), -1)]
+
+
+def _with_shapes(tensors: dict, plan: list[TensorSpec], order: str) -> dict:
+    """Strips are padded to 16 rows, so each matrix's (N, K) comes beside them, from the plan: in
+    memory, not in the file (a read there would fault in the pages around it, an expert's too)."""
+    if order == "strips":
+        for spec in plan:
+            if spec.kind != "vector":
+                tensors[spec.name + ".shape"] = np.array(spec.shape, np.int64)
+    return tensors
 
 
 def quantizer_fingerprint() -> str:
-    """Changes whenever the code that packs tensors does (quant.py; the layout itself is
+    """Changes whenever the code that packs tensors does (quant.py, and strips.py, the strips
+    layout's definition, which the compiled packer is tested against; the rest of the layout is
     CACHE_VERSION): a cache written by another build is not used."""
-    return hashlib.sha256(Path(quant.__file__).read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(Path(quant.__file__).read_bytes())
+    digest.update(Path(strips.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_dir(model_dir: Path) -> Path:
@@ -194,12 +221,29 @@ def cache_dir(model_dir: Path) -> Path:
     return home.expanduser() / Path(model_dir).name
 
 
-def _expected_meta(key: str, fmt: str) -> dict[str, str]:
-    return {"appliance_cache": CACHE_VERSION, "identity": key, "format": fmt,
+def cache_order() -> str:
+    """How quantized matrices are stored for this machine: "strips" where its GEMM has a
+    micro-kernel for them (weights.linear.strips_wanted), else "rows"."""
+    return "strips" if strips_wanted() else "rows"
+
+
+def cache_path(model_dir: Path, fmt: str, key: str, order: str) -> Path:
+    """One file per (sources, format, order): a machine that switches order keeps both, and a
+    rows cache keeps the name it always had."""
+    return cache_dir(Path(model_dir)) / (f"{fmt}-{key}.safetensors" if order == "rows"
+                                         else f"{fmt}-{order}-{key}.safetensors")
+
+
+def _expected_meta(key: str, fmt: str, order: str) -> dict[str, str]:
+    meta = {"appliance_cache": CACHE_VERSION, "identity": key, "format": fmt,
             "quantizer": quantizer_fingerprint()}
+    if order != "rows":                # rows caches written before there was a choice stay valid
+        meta["order"] = order
+    return meta
 
 
-def _open_cache(path: Path, key: str, fmt: str, plan: list[TensorSpec], report: CacheReport) -> dict | None:
+def _open_cache(path: Path, key: str, fmt: str, order: str, plan: list[TensorSpec],
+                report: CacheReport) -> dict | None:
     """The cache's tensors if it is this model's, this build's and intact; else None (and why)."""
     try:
         f = SafetensorsFile(path)
@@ -207,12 +251,12 @@ def _open_cache(path: Path, key: str, fmt: str, plan: list[TensorSpec], report: 
         report.rejected.append((str(path), "unreadable", e.problem))
         return None
     meta = f.metadata
-    for k, v in _expected_meta(key, fmt).items():
+    for k, v in _expected_meta(key, fmt, order).items():
         if meta.get(k) != v:
             report.rejected.append((str(path), "foreign", f"{k} {meta.get(k)!r} is not {v!r}"))
             return None
     tensors = {name: f.tensor(name) for name in f.keys()}
-    needed = {n for spec in plan for n, _, _ in _layout(spec, fmt)}
+    needed = {n for spec in plan for n, _, _ in _layout(spec, fmt, order)}
     if not needed <= tensors.keys():
         report.rejected.append((str(path), "corrupt", f"missing tensor {sorted(needed - tensors.keys())[0]!r}"))
         return None
@@ -222,7 +266,7 @@ def _open_cache(path: Path, key: str, fmt: str, plan: list[TensorSpec], report: 
     if bad:
         report.rejected.append((str(path), "corrupt", f"checksum mismatch in {len(bad)} tensor(s), first {bad[0]!r}"))
         return None
-    return tensors
+    return _with_shapes(tensors, plan, order)
 
 
 @contextmanager
@@ -268,40 +312,40 @@ def load_tensors(model_dir: Path, plan: list[TensorSpec], fmt: str, progress: bo
     if fmt == "f32":
         return {spec.name: ckpt.float32(spec) for spec in plan}
 
-    key = ckpt.identity()
-    path = cache_dir(Path(model_dir)) / f"{fmt}-{key}.safetensors"
+    key, order = ckpt.identity(), cache_order()
+    path = cache_path(model_dir, fmt, key, order)
     refused = None                   # (inode, mtime) of a cache file found unusable
     if path.exists():
         tell("verifying", 0, len(plan))
-        cached = _open_cache(path, key, fmt, plan, report)
+        cached = _open_cache(path, key, fmt, order, plan, report)
         if cached is not None:
             report.path = str(path)
             return cached
         _log_rejected(report)
         refused = _file_id(path)
-    layout = [entry for spec in plan for entry in _layout(spec, fmt)]
+    layout = [entry for spec in plan for entry in _layout(spec, fmt, order)]
     try:
         with _writer_lock(path):
             # Another process may have written it while this one waited for the lock.
             if path.exists() and _file_id(path) != refused:
-                cached = _open_cache(path, key, fmt, plan, report)
+                cached = _open_cache(path, key, fmt, order, plan, report)
                 if cached is not None:
                     report.path = str(path)
                     return cached
             _remove_leftovers(path, key)
             _check_space(path, layout)
-            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, progress, on_progress),
-                                     _expected_meta(key, fmt))
+            write_safetensors_stream(path, layout, _quantized(ckpt, plan, fmt, order, progress, on_progress),
+                                     _expected_meta(key, fmt, order))
             report.built = True
-            cached = _open_cache(path, key, fmt, plan, report)
+            cached = _open_cache(path, key, fmt, order, plan, report)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT):
             raise ModelLoadError(path, f"cannot write the weight cache ({e.strerror or e})") from None
         # The server still starts: quantized into memory, the next load quantizes again.
         log.error("%s", e.strerror if isinstance(e, _NoSpace) else f"cannot write the weight cache {path}: "
                   f"{e.strerror or e}; quantizing into memory instead")
-        arrays = _quantized(ckpt, plan, fmt, progress, on_progress)
-        return {name: array for (name, _, _), array in zip(layout, arrays)}
+        arrays = _quantized(ckpt, plan, fmt, order, progress, on_progress)
+        return _with_shapes({name: array for (name, _, _), array in zip(layout, arrays)}, plan, order)
     if cached is None:
         _log_rejected(report)
         raise ModelLoadError(path, "the weight cache just written does not read back intact (failing disk?)")
@@ -347,12 +391,12 @@ def _remove_leftovers(path: Path, key: str) -> None:
                 pass
 
 
-def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, progress: bool, on_progress=None):
+def _quantized(ckpt: Checkpoint, plan: list[TensorSpec], fmt: str, order: str, progress: bool, on_progress=None):
     """The packed arrays of every spec, in layout order, one tensor in memory at a time."""
     bar = Progress(len(plan), f"quantizing {ckpt.dir.name} to {fmt}", progress, on_progress)
     bar.advance(0)
     for i, spec in enumerate(plan):
-        packed = _pack(spec, ckpt.float32(spec), fmt)
+        packed = _pack(spec, ckpt.float32(spec), fmt, order)
         bar.advance(i + 1)          # before the last yield: a consumer stops at the last array
         yield from packed
 
@@ -361,13 +405,13 @@ def verify_cache(model_dir, fmt: str, plan: list[TensorSpec]) -> dict:
     """{"ok", "path", "problem" or "detail"}: is the cache a load of (model_dir, fmt) would map intact?
     No cache yet is fine (the first load writes one); a refused one is not."""
     ckpt = Checkpoint(Path(model_dir))
-    key = ckpt.identity()
-    path = cache_dir(Path(model_dir)) / f"{fmt}-{key}.safetensors"
+    key, order = ckpt.identity(), cache_order()
+    path = cache_path(model_dir, fmt, key, order)
     if not path.exists():
         return {"ok": True, "path": None, "detail": f"no {fmt} cache yet: the first load writes {path}"}
     report = CacheReport()
     t0 = time.perf_counter()
-    if _open_cache(path, key, fmt, plan, report) is None:
+    if _open_cache(path, key, fmt, order, plan, report) is None:
         _, kind, why = report.rejected[0]
         if kind == "foreign":        # another build's or sources': not damage, the next load rebuilds it
             return {"ok": True, "path": str(path), "detail": f"stale ({why}): the next load rebuilds it"}

@@ -153,15 +153,16 @@ enum { VARIANT_ROWS = -1 };
 struct gemm_x86_variant {
     struct gemm_packed_variant packed;
     gemm_rows_fn rows;
+    gemm_strips_fn strips;    /* the strips layout's micro-kernel (gemm_strips.h), or NULL */
 };
 static const struct gemm_x86_variant gemm_variants_x86[] = {
     /* AVX512-VNNI before AVX-VNNI where a CPU has both (Sapphire Rapids, Zen 5): the same vpdpbusd on
      * ymm, but 32 registers: on a Zen 5 EPYC, 2 threads, prefill 512x3072x1024 7.0-7.5 against
      * 7.9-12.7 ms, a decode batch of 8 rows 0.150-0.163 against 0.188-0.256 ms. */
-    {{"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0}, gemm_rows_run_avx512vnni},
-    {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni},
-    {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL},
-    {{"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0}, gemm_rows_run_vnni_emulated},
+    {{"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0}, gemm_rows_run_avx512vnni, gemm_strips_run_avx512vnni},
+    {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni, NULL},
+    {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL, NULL},
+    {{"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0}, gemm_rows_run_vnni_emulated, NULL},
 };
 #define N_VARIANTS (int)(sizeof gemm_variants_x86 / sizeof gemm_variants_x86[0])
 #define VARIANT_AVX2 2
@@ -227,6 +228,47 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
     return same;
 }
 
+/* A strips micro-kernel against gemm_tile, q8 and q4, on ROWS_CHECK_N weight rows (a whole strip
+ * and a part of one), rows 0-3 and then 1-3 (K = 3 blocks, as rows_agree). */
+static int strips_agree(gemm_strips_fn run, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd)
+{
+    enum { NBLK = 3, K_ = NBLK * QK };
+    int same = 1;
+    for (int is_q4 = 0; is_q4 < 2; is_q4++) {
+        const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
+        uint8_t *ws = NULL;
+        if (posix_memalign((void **)&ws, 64, (size_t)gemm_strips_bytes(is_q4, ROWS_CHECK_N, K_)) != 0)
+            return 0;
+        gemm_strips_pack(is_q4, (const uint8_t *)w, wd, ROWS_CHECK_N, K_, ws);
+        float want[4 * ROWS_CHECK_N], got[4 * ROWS_CHECK_N];
+        int32_t xsum8[4 * NBLK], xinit[4 * NBLK];
+        for (int i = 0; i < 4 * NBLK; i++) {
+            xsum8[i] = 8 * gemm_block_sum(x + i * QK);
+            xinit[i] = GEMM_FLOAT_MAGIC - (is_q4 ? 8 : 128) * gemm_block_sum(x + i * QK);
+        }
+        for (int g = 0; g < ROWS_CHECK_N / NR; g++) {
+            const uint8_t *wrow[NR];
+            const uint16_t *wdrow[NR];
+            for (int r = 0; r < NR; r++) {
+                wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
+                wdrow[r] = wd + (g * NR + r) * NBLK;
+            }
+            gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, ROWS_CHECK_N, NR, 0);
+        }
+        for (int m0 = 0; m0 < 2; m0++) {
+            memset(got, 0, sizeof got);
+            const struct gemm_strips_args a = {
+                .is_q4 = is_q4, .mr = 4 - m0, .ws = ws, .N = ROWS_CHECK_N, .K = K_, .nb = NBLK,
+                .strip_bytes = STRIPS_BYTES(is_q4, K_), .s0 = 0, .s1 = (ROWS_CHECK_N + STRIP_ROWS - 1) / STRIP_ROWS,
+                .x = x + m0 * K_, .xd = xd + m0 * NBLK, .xinit = xinit + m0 * NBLK, .y = got, .ldy = ROWS_CHECK_N};
+            run(&a);
+            same &= memcmp(want + m0 * ROWS_CHECK_N, got, (size_t)(4 - m0) * ROWS_CHECK_N * sizeof(float)) == 0;
+        }
+        free(ws);
+    }
+    return same;
+}
+
 /* A micro-kernel this CPU can run must also give the AVX2 kernel's bits on a known case before it
  * is used: a wrong VNNI kernel (which no machine here can execute) then costs speed, not answers. */
 static int variant_agrees(int i)
@@ -269,6 +311,9 @@ static int variant_agrees(int i)
     }
     if (memcmp(out[0], out[1], sizeof out[0]) != 0)
         return 0;
+    if (gemm_variants_x86[i].strips != NULL &&
+        !strips_agree(gemm_variants_x86[i].strips, &wrow[0][0], wd, &xrow[0][0], xd))
+        return 0;
     return gemm_variants_x86[i].rows == NULL || rows_agree(gemm_variants_x86[i].rows, &wrow[0][0], wd, &xrow[0][0], xd);
 }
 
@@ -303,6 +348,14 @@ static gemm_rows_fn gemm_rows_runner(void)
     return v >= 0 ? gemm_variants_x86[v].rows : NULL;
 }
 #define GEMM_ROWS_RUNNER 1
+
+/* The active variant's strips micro-kernel (strips.c), or NULL: weights then stay in rows. */
+gemm_strips_fn gemm_strips_runner(void)
+{
+    pthread_once(&variants_once, choose_variant);
+    const int v = __atomic_load_n(&variant_active, __ATOMIC_RELAXED);
+    return v >= 0 ? gemm_variants_x86[v].strips : NULL;
+}
 
 const char *kernel_gemm_variant(void)
 {

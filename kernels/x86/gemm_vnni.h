@@ -14,4 +14,8 @@ void gemm_packed_tile_avx512vnni(const int8_t *pw, int64_t nb, const int8_t *con
 void gemm_rows_run_avxvnni(const struct gemm_rows_args *a);
 void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a);
 
+/* The strips layout's micro-kernel (gemm_strips.h), AVX512-VNNI only: it needs 16-lane registers. */
+#include "../gemm_strips.h"
+void gemm_strips_run_avx512vnni(const struct gemm_strips_args *a);
+
 #endif
