@@ -6,8 +6,10 @@
 
 GEMV rows report weight bandwidth (GB/s of weights + scales read), GEMM rows GOPS
 (2 * M * N * K / s), attention rows KV bandwidth (GB/s of K, V and their scales read),
-all computed from the median; the best repeat is printed too, and the load average:
-on a shared machine a parallel region waits for a busy core, and the median shows it.
+all computed from the median; a "strips" row times the same product from weights packed in
+strips (where the CPU has that micro-kernel, as engines then use). The best repeat is printed
+too, and the load average: on a shared machine a parallel region waits for a busy core, and
+the median shows it.
 --clock cpu (with --threads 1) times the calling thread's CPU time instead of the wall
 clock: on a machine shared with other jobs it leaves out the time the kernel was not
 running (it still pays for the caches the neighbours evicted).
@@ -87,6 +89,12 @@ def bench_gemm(rows, rng, threads, repeats, do_portable):
                 else:
                     rate = f"{2 * m * n * k / t / 1e9:7.1f} GOPS"
                 rows.append((f"{fmt} {label}", f"M={m} N={n} K={k}", path, t, best, rate))
+            if K.strips_fast():     # the same product from weights in strips (what engines use here)
+                ws = K.pack_strips(wq, wd, fmt == "q4")
+                t, best = median_time(lambda: K.gemm_strips(ws, n, k, fmt == "q4", xq, xd, out=out, threads=threads),
+                                      repeats if m * n * k < 1e9 else max(3, repeats // 2))
+                rate = f"{ws.nbytes / t / 1e9:7.1f} GB/s" if m == 1 else f"{2 * m * n * k / t / 1e9:7.1f} GOPS"
+                rows.append((f"{fmt} {label}", f"M={m} N={n} K={k}", "strips", t, best, rate))
 
 
 def bench_attention(rows, rng, threads, repeats, do_portable):
