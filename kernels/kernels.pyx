@@ -182,6 +182,13 @@ cdef object _out2(object out, Py_ssize_t M, Py_ssize_t N):
     return out
 
 
+cdef object _activation_scales_and_out(xd, Py_ssize_t M, Py_ssize_t K, Py_ssize_t N, out):
+    """A GEMM's checks of xd against its M rows of K, then its float32[M, N] result (made if None)."""
+    _check_dim(_dim(xd, 0), M, "xd.shape[0]")
+    _check_dim(_dim(xd, 1), K // QK, "xd.shape[1]")
+    return _out2(out, M, N)
+
+
 # ---- quantize / GEMM -----------------------------------------------------------------
 
 def quantize_rows_q8(x, path="simd"):
@@ -221,9 +228,7 @@ cdef object _gemm(bint q4, object wq, object wd, object xq, object xd, object ou
     _check_dim(_dim(wq, 1), K // 2 if q4 else K, "wq.shape[1]")
     _check_dim(_dim(wd, 0), N, "wd.shape[0]")
     _check_dim(_dim(wd, 1), K // QK, "wd.shape[1]")
-    _check_dim(_dim(xd, 0), M, "xd.shape[0]")
-    _check_dim(_dim(xd, 1), K // QK, "xd.shape[1]")
-    out = _out2(out, M, N)
+    out = _activation_scales_and_out(xd, M, K, N, out)
     cdef const void *w = _data(wq)
     cdef const uint16_t *d = <const uint16_t *>_data(wd)
     cdef const int8_t *x = <const int8_t *>_data(xq)
@@ -300,9 +305,7 @@ def gemm_strips(ws, Py_ssize_t N, Py_ssize_t K, bint q4, xq, xd, out=None, path=
     _check(xd, "xd", cnp.NPY_FLOAT32, 2, 0, "float32 [M, K/32]")
     cdef Py_ssize_t M = _dim(xq, 0)
     _check_dim(_dim(xq, 1), K, "xq.shape[1]")
-    _check_dim(_dim(xd, 0), M, "xd.shape[0]")
-    _check_dim(_dim(xd, 1), K // QK, "xd.shape[1]")
-    out = _out2(out, M, N)
+    out = _activation_scales_and_out(xd, M, K, N, out)
     cdef const uint8_t *w = <const uint8_t *>_data(ws)
     cdef const int8_t *x = <const int8_t *>_data(xq)
     cdef const float *xs = <const float *>_data(xd)

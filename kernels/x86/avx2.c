@@ -181,33 +181,44 @@ static int variant_cpu_runs(int i)
 /* Weight rows of the self-check: a 16-row strip (AVX-512's) and an 8-row one. */
 enum { ROWS_CHECK_N = 3 * GEMM_STRIP };
 
-/* A row route's tile run against gemm_tile, q8 and q4, on ROWS_CHECK_N weight rows (K = 3 blocks;
- * the q4 case reads the same bytes as nibbles), four activation rows and then the last three. */
+enum { CHECK_NBLK = 3, CHECK_K = CHECK_NBLK * QK };
+
+/* What the self-checks hold a run to: gemm_tile's y for activation rows 0-3 (x, xd: 4 rows of
+ * CHECK_K) against ROWS_CHECK_N weight rows, q8 or (the same bytes as nibbles) q4. */
+static void tile_reference(int is_q4, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd,
+                           float *want)
+{
+    const int64_t row_bytes = is_q4 ? CHECK_K / 2 : CHECK_K;
+    int32_t xsum8[4 * CHECK_NBLK];
+    for (int i = 0; i < 4 * CHECK_NBLK; i++)
+        xsum8[i] = 8 * gemm_block_sum(x + i * QK);
+    for (int g = 0; g < ROWS_CHECK_N / NR; g++) {
+        const uint8_t *wrow[NR];
+        const uint16_t *wdrow[NR];
+        for (int r = 0; r < NR; r++) {
+            wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
+            wdrow[r] = wd + (g * NR + r) * CHECK_NBLK;
+        }
+        gemm_tile(is_q4, 4, wrow, wdrow, CHECK_NBLK, x, CHECK_K, xd, xsum8, want + g * NR, ROWS_CHECK_N, NR, 0);
+    }
+}
+
+/* A row route's tile run against gemm_tile, q8 and q4, on ROWS_CHECK_N weight rows, four
+ * activation rows and then the last three. */
 static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd)
 {
-    enum { NBLK = 3, K_ = NBLK * QK };
+    enum { NBLK = CHECK_NBLK, K_ = CHECK_K };
     static const struct gemm_packed_variant operands = {"rows", NULL, 0x80, 0};
     struct gemm_packed_operands pk;
     if (!gemm_packed_prepare(&pk, &operands, x, xd, 4, K_))
         return 0;
     int same = 1;
-    for (int is_q4 = 0; is_q4 < 2; is_q4++)
+    for (int is_q4 = 0; is_q4 < 2; is_q4++) {
+        const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
+        float want[4 * ROWS_CHECK_N], got[4 * ROWS_CHECK_N];
+        tile_reference(is_q4, w, wd, x, xd, want);
         for (int mr = 4; mr >= 3; mr--) {
-            const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
             const int m0 = 4 - mr;
-            float want[4 * ROWS_CHECK_N], got[4 * ROWS_CHECK_N];
-            int32_t xsum8[4 * NBLK];
-            for (int i = 0; i < 4 * NBLK; i++)
-                xsum8[i] = 8 * gemm_block_sum(x + i * QK);
-            for (int g = 0; g < ROWS_CHECK_N / NR; g++) {
-                const uint8_t *wrow[NR];
-                const uint16_t *wdrow[NR];
-                for (int r = 0; r < NR; r++) {
-                    wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
-                    wdrow[r] = wd + (g * NR + r) * NBLK;
-                }
-                gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, ROWS_CHECK_N, NR, 0);
-            }
             /* rows m0..3 as their own tile: its xdT and xinit start at its first row's lane */
             float xdT[NBLK * 4];
             int32_t xinit[NBLK * 4];
@@ -224,37 +235,27 @@ static int rows_agree(gemm_rows_fn run, const int8_t *w, const uint16_t *wd, con
             run(&a);
             same &= memcmp(want + m0 * ROWS_CHECK_N, got, (size_t)mr * ROWS_CHECK_N * sizeof(float)) == 0;
         }
+    }
     gemm_packed_release(&pk);
     return same;
 }
 
 /* A strips micro-kernel against gemm_tile, q8 and q4, on ROWS_CHECK_N weight rows (a whole strip
- * and a part of one), rows 0-3 and then 1-3 (K = 3 blocks, as rows_agree). */
+ * and a part of one), rows 0-3 and then 1-3. */
 static int strips_agree(gemm_strips_fn run, const int8_t *w, const uint16_t *wd, const int8_t *x, const float *xd)
 {
-    enum { NBLK = 3, K_ = NBLK * QK };
+    enum { NBLK = CHECK_NBLK, K_ = CHECK_K };
     int same = 1;
     for (int is_q4 = 0; is_q4 < 2; is_q4++) {
-        const int64_t row_bytes = is_q4 ? K_ / 2 : K_;
         uint8_t *ws = NULL;
         if (posix_memalign((void **)&ws, 64, (size_t)gemm_strips_bytes(is_q4, ROWS_CHECK_N, K_)) != 0)
             return 0;
         gemm_strips_pack(is_q4, (const uint8_t *)w, wd, ROWS_CHECK_N, K_, ws);
         float want[4 * ROWS_CHECK_N], got[4 * ROWS_CHECK_N];
-        int32_t xsum8[4 * NBLK], xinit[4 * NBLK];
-        for (int i = 0; i < 4 * NBLK; i++) {
-            xsum8[i] = 8 * gemm_block_sum(x + i * QK);
+        tile_reference(is_q4, w, wd, x, xd, want);
+        int32_t xinit[4 * NBLK];
+        for (int i = 0; i < 4 * NBLK; i++)
             xinit[i] = GEMM_FLOAT_MAGIC - (is_q4 ? 8 : 128) * gemm_block_sum(x + i * QK);
-        }
-        for (int g = 0; g < ROWS_CHECK_N / NR; g++) {
-            const uint8_t *wrow[NR];
-            const uint16_t *wdrow[NR];
-            for (int r = 0; r < NR; r++) {
-                wrow[r] = (const uint8_t *)w + (g * NR + r) * row_bytes;
-                wdrow[r] = wd + (g * NR + r) * NBLK;
-            }
-            gemm_tile(is_q4, 4, wrow, wdrow, NBLK, x, K_, xd, xsum8, want + g * NR, ROWS_CHECK_N, NR, 0);
-        }
         for (int m0 = 0; m0 < 2; m0++) {
             memset(got, 0, sizeof got);
             const struct gemm_strips_args a = {
