@@ -53,6 +53,7 @@ sources = [
     "kernels/portable.c",
     "kernels/x86/avx2.c",
     "kernels/x86/avx2_attention.c",
+    "kernels/x86/avx2_strips.c",
     "kernels/x86/avx_vnni.c",
     "kernels/x86/avx512_vnni.c",
     "kernels/arm/neon.c",

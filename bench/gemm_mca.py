@@ -42,6 +42,7 @@ class Kernel:
     mac: str                  # regex of its multiply-add instruction
     macs: int                 # multiply-adds per such instruction
     peak_stream: str          # independent multiply-add instructions for the peak
+    contains: str = ""        # regex the chosen loop must also hold (which of a kernel's loops)
 
 
 def _stream(fmt: str, n: int = 12) -> str:
@@ -55,12 +56,21 @@ KERNELS = [
     Kernel("avx2 4x8 (packed, maddubs)", "x86", "kernels/x86/avx2.c", "gemm_packed_tile_avx2",
            [("znver3", False), ("icelake-server", False), ("sapphirerapids", False)],
            r"^vpmaddubsw\s+.*%ymm", 32, _stream("vpmaddubsw %ymm14, %ymm15, %ymm{i}")),
+    Kernel("avx2 strips q8 4x8 (maddubs)", "x86", "kernels/x86/avx2_strips.c", "gemm_strips_run_avx2",
+           [("znver3", False), ("skylake", False)],
+           r"^vpmaddubsw\s+.*%ymm", 32, _stream("vpmaddubsw %ymm14, %ymm15, %ymm{i}"), r"^vpsignb"),
+    Kernel("avx2 strips q4 4x8 (maddubs)", "x86", "kernels/x86/avx2_strips.c", "gemm_strips_run_avx2",
+           [("znver3", False), ("skylake", False)],
+           r"^vpmaddubsw\s+.*%ymm", 32, _stream("vpmaddubsw %ymm14, %ymm15, %ymm{i}"), r"^vpsrlw"),
     Kernel("avx-vnni 4x8 (packed, vpdpbusd)", "x86", "kernels/x86/avx_vnni.c", "gemm_packed_tile_avxvnni",
            [("alderlake", False), ("sapphirerapids", False), ("znver5", False)],
            r"^(\{vex\}\s*)?vpdpbusd\s+.*%ymm", 32, _stream("{{vex}} vpdpbusd %ymm14, %ymm15, %ymm{i}")),
     Kernel("avx512-vnni 4x8 (packed, vpdpbusd ymm)", "x86", "kernels/x86/avx512_vnni.c",
            "gemm_packed_tile_avx512vnni", [("icelake-server", False), ("sapphirerapids", False), ("znver4", False)],
            r"^vpdpbusd\s+.*%ymm", 32, _stream("vpdpbusd %ymm14, %ymm15, %ymm{i}")),
+    Kernel("avx512-vnni strips 8x16 (vpdpbusd zmm)", "x86", "kernels/x86/avx512_vnni.c",
+           "gemm_strips_run_avx512vnni", [("icelake-server", False), ("sapphirerapids", False), ("znver4", False)],
+           r"^vpdpbusd\s+.*%zmm", 64, _stream("vpdpbusd %zmm14, %zmm15, %zmm{i}")),
 ]
 
 
@@ -92,16 +102,23 @@ def function_lines(obj: Path, arch: str, function: str) -> list[tuple[int, str]]
     return out
 
 
-def hot_loop(lines: list[tuple[int, str]], mac: str) -> list[str]:
-    """The body of the loop (a backward branch's range) that holds the most multiply-adds, its
-    branch aimed at a label llvm-mca can read."""
-    best, best_count = None, -1
+def hot_loop(lines: list[tuple[int, str]], mac: str, contains: str = "") -> list[str]:
+    """The body of the innermost loop (a backward branch's range with no other inside it) that holds
+    the most multiply-adds (and an instruction matching `contains`), its branch aimed at a label
+    llvm-mca can read."""
+    loops = []
     for addr, insn in lines:
         m = re.match(r"^(b\.\w+|cbn?z\s+\w+,|j\w+)\s+([0-9a-f]+)\s+<", insn)
-        if not m or int(m.group(2), 16) >= addr:
-            continue
-        body = [(a, i) for a, i in lines if int(m.group(2), 16) <= a <= addr]
+        if m and int(m.group(2), 16) < addr:
+            loops.append((int(m.group(2), 16), addr))
+    best, best_count = None, -1
+    for start, end in loops:
+        if any(start <= s0 and e0 < end and (s0, e0) != (start, end) for s0, e0 in loops):
+            continue        # an outer loop: its inner one is the hot part
+        body = [(a, i) for a, i in lines if start <= a <= end]
         count = sum(bool(re.match(mac, i)) for _, i in body)
+        if contains and not any(re.match(contains, i) for _, i in body):
+            continue
         if count > best_count or (count == best_count and len(body) < len(best)):
             best, best_count = body, count
     if not best or best_count <= 0:
@@ -153,7 +170,7 @@ def main(argv=None) -> int:
             if not shutil.which(cc):
                 print(f"{k.name:<40} skipped: {cc} not installed")
                 continue
-            loop = hot_loop(function_lines(compile_object(k, Path(tmp)), k.arch, k.function), k.mac)
+            loop = hot_loop(function_lines(compile_object(k, Path(tmp)), k.arch, k.function), k.mac, k.contains)
             n_mac = sum(bool(re.match(k.mac, i)) for i in loop)
             asm = "\n".join(loop) + "\n"
             for cpu, holds_target in k.models:

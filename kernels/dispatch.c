@@ -142,7 +142,7 @@ int kernel_set_gemm_variant(const char *name)
 
 #if !defined(KERNELS_AVX2)
 #include "gemm_strips.h"
-/* Only x86 with AVX512-VNNI has a strips micro-kernel (x86/avx2.c); elsewhere weights stay in rows. */
+/* Only x86 has strips micro-kernels (x86/avx2.c chooses); elsewhere weights stay in rows. */
 gemm_strips_fn gemm_strips_runner(void)
 {
     return NULL;

@@ -265,7 +265,7 @@ def gemm_q4(wq, wd, xq, xd, out=None, path="simd", int threads=0):
 
 def strips_fast():
     """True when gemm_strips runs a vector micro-kernel on this CPU's active GEMM variant, so that
-    packing weights into strips pays (x86 with AVX512-VNNI); False: it would be the scalar twin."""
+    packing weights into strips pays (x86: AVX512-VNNI or plain AVX2); False: it would be the scalar twin."""
     return kernel_gemm_strips_fast() != 0
 
 

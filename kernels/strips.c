@@ -152,7 +152,7 @@ void gemm_strips_portable(int is_q4, const uint8_t *ws, int64_t N, int64_t K, co
 }
 
 #if defined(KERNELS_HAVE_SIMD)   /* otherwise dispatch.c maps it to the portable twin */
-/* The active variant's micro-kernel where it has one; elsewhere (NEON, AVX2 without VNNI) the
+/* The active variant's micro-kernel where it has one; elsewhere (NEON, the AVX-VNNI variant) the
  * scalar twin, which engines avoid by keeping the row layout there (kernel_gemm_strips_fast). */
 void gemm_strips_simd(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq,
                       const float *xd, int64_t M, float *y, int nthreads)

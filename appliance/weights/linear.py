@@ -3,7 +3,7 @@
 Q8_0 / Q4_0: the activation rows are quantized to int8 once, then one int8 GEMM
 (GEMV when M == 1) runs over all output features. f32: a BLAS matmul (reference).
 
-Where this CPU's GEMM has a micro-kernel for it (x86 with AVX512-VNNI), quantized weights are
+Where this CPU's GEMM has a micro-kernel for it (x86: AVX512-VNNI or plain AVX2), quantized weights are
 held in strips (kernels/gemm_strips.h): 16 rows interleaved in the order the dot instruction
 wants, which makes a decode step's GEMV and its batched GEMM 1.3-3x faster (docs/performance.md)
 for the same bits. The weight cache stores them so (weights/loader.py) and they are mapped as

@@ -6,7 +6,7 @@ with a progress bar, write them to one cache file and map that. Later loads map
 the cache directly: no quantization, no copy, pages come in as they are touched.
 
 Quantized matrices are stored in the order this machine's GEMM reads them: as rows (qs, d), or,
-where the GEMM has a micro-kernel for it (x86 with AVX512-VNNI), in strips (kernels/gemm_strips.h),
+where the GEMM has a micro-kernel for it (x86: AVX512-VNNI or plain AVX2), in strips (kernels/gemm_strips.h),
 so that layout too is mapped without a copy and an expert that never runs is never read.
 
 The cache is keyed by the identity of the source files (name, size, mtime of

@@ -161,7 +161,7 @@ static const struct gemm_x86_variant gemm_variants_x86[] = {
      * 7.9-12.7 ms, a decode batch of 8 rows 0.150-0.163 against 0.188-0.256 ms. */
     {{"avx512-vnni", gemm_packed_tile_avx512vnni, 0x80, 0}, gemm_rows_run_avx512vnni, gemm_strips_run_avx512vnni},
     {{"avx-vnni", gemm_packed_tile_avxvnni, 0x80, 0}, gemm_rows_run_avxvnni, NULL},
-    {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL, NULL},
+    {{"avx2", gemm_packed_tile_avx2, 0, 1}, NULL, gemm_strips_run_avx2},
     {{"avx2-vnni-emulated", gemm_packed_tile_vnni_emulated, 0x80, 0}, gemm_rows_run_vnni_emulated, NULL},
 };
 #define N_VARIANTS (int)(sizeof gemm_variants_x86 / sizeof gemm_variants_x86[0])

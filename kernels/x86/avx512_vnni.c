@@ -38,13 +38,6 @@ void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a)
     rows_avx512vnni(a);
 }
 
-/* The first tile of a strip's rows streams its weights from memory; it asks for them this far ahead
- * into L2, so that the dots of a batch overlap the stream (the hardware prefetcher alone runs too
- * close behind at 8 rows). Measured on a Zen 4 EPYC, 150 distinct q8 matrices a pass (500 MB),
- * 2 threads, three alternated rounds: 8 rows of 1024 x 3072 21.0-21.9 ms against 28.7-32.2 without,
- * 3072 x 1024 22.7-29.3 against 36.1-40.8; one row unchanged (17-20 ms); 16 KB ahead no better. */
-#define STRIPS_PREFETCH_BYTES 8192
-
 /* One strip (16 weight rows, lane r = row r) against activation rows t0 .. t0+mr-1. A block is 8
  * aligned loads (q4: 4, and a mask and a shift each), one scale load, then per row 8 broadcasts
  * and 8 dots from the lanes' start: nothing is shuffled. Constant (is_q4, mr): unrolled. */

@@ -14,8 +14,10 @@ void gemm_packed_tile_avx512vnni(const int8_t *pw, int64_t nb, const int8_t *con
 void gemm_rows_run_avxvnni(const struct gemm_rows_args *a);
 void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a);
 
-/* The strips layout's micro-kernel (gemm_strips.h), AVX512-VNNI only: it needs 16-lane registers. */
+/* The strips layout's micro-kernels (gemm_strips.h): a whole 16-row strip a tile on AVX512-VNNI's
+ * 16 lanes, half a strip a tile on AVX2's 8 (x86/avx2_strips.c, maddubs). */
 #include "../gemm_strips.h"
 void gemm_strips_run_avx512vnni(const struct gemm_strips_args *a);
+void gemm_strips_run_avx2(const struct gemm_strips_args *a);
 
 #endif

@@ -80,6 +80,30 @@ def test_the_numpy_twin_agrees_with_the_definition(q4):
     np.testing.assert_allclose(K.gemm_strips(ws, 33, 64, q4, xq, xd), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("q4", [False, True], ids=["q8", "q4"])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])          # the whole-strip tiles and the half-strip ones
+def test_the_largest_products_are_exact(q4, m):
+    """Weights at the int8 extremes, -128 included (q4: nibbles 0 and 15), against +-127 activations
+    with unit scales: every output is a sum of int32 block dots, exact in float32, so the packed
+    GEMM on every path must give the int64 sum itself (AVX2 takes |w| as maddubs' unsigned operand:
+    2 * 128 * 127 must not saturate its int16 pair sums)."""
+    rng = np.random.default_rng(11 + m)
+    n, k = 41, 512                                   # two whole strips and a ragged one
+    xq = rng.choice(np.array([-127, 127], np.int8), size=(m, k))
+    if q4:
+        wq = rng.choice(np.array([0x00, 0xff, 0x0f, 0xf0], np.uint8), size=(n, k // 2))
+        w = quant.unpack_q4(wq)
+    else:
+        wq = rng.choice(np.array([-128, -127, 127], np.int8), size=(n, k))
+        w = wq
+    wd = np.ones((n, k // 32), np.float16)
+    xd = np.ones((m, k // 32), np.float32)
+    want = (xq.astype(np.int64) @ w.astype(np.int64).T).astype(np.float32)
+    ws = K.pack_strips(wq, wd, q4)
+    for path in PATHS:
+        assert np.array_equal(K.gemm_strips(ws, n, k, q4, xq, xd, path=path), want), path
+
+
 def test_out_is_written_in_place_and_empty_batches_pass():
     rng = np.random.default_rng(2)
     wq, wd = _weights(rng, 20, 64, False)
@@ -119,6 +143,7 @@ def test_bad_strips_are_refused_with_a_message():
 
 
 def test_strips_fast_names_the_cpu_s_micro_kernel():
-    # the vector micro-kernel exists for AVX512-VNNI only; elsewhere packing would not pay
-    assert K.strips_fast() == (K.gemm_variant() == "avx512-vnni")
+    # vector micro-kernels exist for AVX512-VNNI and plain AVX2; elsewhere (NEON, the AVX-VNNI
+    # variant, the row-route reference) packing would not pay
+    assert K.strips_fast() == (K.gemm_variant() in ("avx512-vnni", "avx2"))
     assert reference.strips_fast() is False
