@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -228,8 +229,31 @@ def wait_for_quiet(args) -> None:
         log(f"  load average {os.getloadavg()[0]:.2f} after {time.perf_counter() - t0:.0f} s")
 
 
+def start_hog(args) -> subprocess.Popen | None:
+    """What --hog-cpu / --hog-cmd ask to run beside a measurement: a busy loop pinned to a CPU (a
+    neighbour that never sleeps), or a shell command (a rollout's build) in its own process group."""
+    if args.hog_cpu is not None:
+        code = f"import os\nos.sched_setaffinity(0, {{{args.hog_cpu}}})\nwhile True:\n    pass\n"
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    if args.hog_cmd:
+        return subprocess.Popen(["bash", "-c", args.hog_cmd], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return None
+
+
+def stop_hog(hog: subprocess.Popen | None) -> None:
+    if hog is None:
+        return
+    try:
+        os.killpg(hog.pid, signal.SIGKILL)      # the command and whatever it started
+    except ProcessLookupError:
+        pass
+    hog.wait()
+
+
 def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
-    """Run one measurement in its own Python process; its JSON result."""
+    """Run one measurement in its own Python process; its JSON result. With --hog-cpu or --hog-cmd,
+    that neighbour runs beside it (started after the wait for a quiet machine)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--out", str(out),
            *(["--llama-amx"] if args.llama_amx else []),
            "--threads", str(args.threads), "--gen", str(args.gen), "--prefill", str(args.prefill),
@@ -237,9 +261,13 @@ def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
            "--contexts", ",".join(map(str, args.contexts)), *extra]
     wait_for_quiet(args)
     load = os.getloadavg()
+    hog = start_hog(args) if kind != "ours-prepare" else None
     t0 = time.perf_counter()
     out.unlink(missing_ok=True)
-    proc = subprocess.run(cmd)
+    try:
+        proc = subprocess.run(cmd)
+    finally:
+        stop_hog(hog)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out.exists():
         return {"error": f"worker {kind} failed with exit code {proc.returncode}", "wall_s": wall}
@@ -287,6 +315,12 @@ def parse_args(argv=None):
     ap.add_argument("--wait-load", type=float, default=0.0,
                     help="before each run, wait until the 1-minute load average is below this (0: don't wait)")
     ap.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-load, s")
+    ap.add_argument("--hog-cpu", type=int, default=None,
+                    help="run a busy loop pinned to this CPU beside every measurement (both engines): "
+                         "decode on a shared CPU; compare with a run without it")
+    ap.add_argument("--hog-cmd", default="",
+                    help="run this shell command beside every measurement instead (killed after), e.g. a "
+                         "kernel build in a loop as a rollout runs one: 'while :; do nice -n 19 make ...; done'")
     ap.add_argument("--report-from", type=Path, help="print the report of a --json file again, measure nothing")
     ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
     # internal: one measurement in this process
@@ -410,7 +444,8 @@ def main(argv=None) -> int:
 
     meta = {"threads": args.threads, "gen": args.gen, "prefill": args.prefill, "contexts": args.contexts,
             "cpus": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "hog_cpu": args.hog_cpu, "hog_cmd": args.hog_cmd}
     try:
         model_name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                           if line.startswith("model name"))
@@ -418,6 +453,10 @@ def main(argv=None) -> int:
     except (OSError, StopIteration):
         pass
     text, tables = report(ours, llamas, args.contexts, meta, ours_sparse)
+    if args.hog_cpu is not None or args.hog_cmd:
+        beside = f"a busy loop pinned to CPU {args.hog_cpu}" if args.hog_cpu is not None else repr(args.hog_cmd)
+        print(f"every measurement ran beside {beside}"
+              + (" (llama.cpp's from --llama-from: as that run was)" if args.llama_from else ""))
     print(text)
     print("\nstep times: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()))
     if args.json:
