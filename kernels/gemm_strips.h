@@ -55,4 +55,9 @@ struct gemm_strips_args {
 
 typedef void (*gemm_strips_fn)(const struct gemm_strips_args *a);
 
+/* A micro-kernel's run of activation rows t0 .. t0+MR_-1 with (is_q4, MR_) as constants, so that
+ * its tile loops unroll: one case of the switch over the rows left (`tiles(a, is_q4, mr, t0)`). */
+#define STRIPS_TILES_CASE(tiles, a, MR_, t0) \
+    case MR_: if ((a)->is_q4) tiles(a, 1, MR_, t0); else tiles(a, 0, MR_, t0); break;
+
 #endif

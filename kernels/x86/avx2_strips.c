@@ -160,13 +160,10 @@ void gemm_strips_run_avx2(const struct gemm_strips_args *a)
     for (int64_t t0 = 0; t0 < a->mr; t0 += STRIPS_AVX2_MR) {
         const int mr = a->mr - t0 < STRIPS_AVX2_MR ? (int)(a->mr - t0) : STRIPS_AVX2_MR;
         switch (mr) {
-#define STRIPS_CASE(MR_) case MR_: \
-            if (a->is_q4) strips_tiles(a, 1, MR_, t0); else strips_tiles(a, 0, MR_, t0); break;
-        STRIPS_CASE(1)
-        STRIPS_CASE(2)
-        STRIPS_CASE(3)
-        default: STRIPS_CASE(4)
-#undef STRIPS_CASE
+        STRIPS_TILES_CASE(strips_tiles, a, 1, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 2, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 3, t0)
+        default: STRIPS_TILES_CASE(strips_tiles, a, 4, t0)
         }
     }
 }

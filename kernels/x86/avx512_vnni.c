@@ -103,17 +103,14 @@ void gemm_strips_run_avx512vnni(const struct gemm_strips_args *a)
     for (int64_t t0 = 0; t0 < a->mr; t0 += 8) {
         const int mr = a->mr - t0 < 8 ? (int)(a->mr - t0) : 8;
         switch (mr) {
-#define STRIPS_CASE(MR_) case MR_: \
-            if (a->is_q4) strips_tiles(a, 1, MR_, t0); else strips_tiles(a, 0, MR_, t0); break;
-        STRIPS_CASE(1)
-        STRIPS_CASE(2)
-        STRIPS_CASE(3)
-        STRIPS_CASE(4)
-        STRIPS_CASE(5)
-        STRIPS_CASE(6)
-        STRIPS_CASE(7)
-        default: STRIPS_CASE(8)
-#undef STRIPS_CASE
+        STRIPS_TILES_CASE(strips_tiles, a, 1, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 2, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 3, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 4, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 5, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 6, t0)
+        STRIPS_TILES_CASE(strips_tiles, a, 7, t0)
+        default: STRIPS_TILES_CASE(strips_tiles, a, 8, t0)
         }
     }
 }
