@@ -319,8 +319,10 @@ def parse_args(argv=None):
                     help="run a busy loop pinned to this CPU beside every measurement (both engines): "
                          "decode on a shared CPU; compare with a run without it")
     ap.add_argument("--hog-cmd", default="",
-                    help="run this shell command beside every measurement instead (killed after), e.g. a "
-                         "kernel build in a loop as a rollout runs one: 'while :; do nice -n 19 make ...; done'")
+                    help="run this shell command beside every measurement instead (killed after), in a "
+                         "session of its own as a rollout's build over ssh is, e.g. a kernel build in a "
+                         "loop; to run it as the Ansible role does: 'echo 19 > /proc/self/autogroup; "
+                         "while :; do nice -n 19 make ...; done'")
     ap.add_argument("--report-from", type=Path, help="print the report of a --json file again, measure nothing")
     ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
     # internal: one measurement in this process
