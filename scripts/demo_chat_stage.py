@@ -10,8 +10,9 @@ added tokens that decode as text, as in Qwen3's tokenizer) and Qwen3's own chat 
     the model copies them rather than remembers them;
   * thinking: half of the chat samples with thinking on, where the reply opens with a short
     thought (`<think>\\n...\\n</think>\\n\\n`), half with thinking off (the template's empty block);
-  * quoting: a passage of the docs quoted back, or shown again with a word renamed (answers that
-    copy their context, which prompt-lookup decoding speeds up);
+  * quoting: a passage of the docs quoted back, or shown again with a word renamed; a small
+    function shown again with a variable renamed (code_edit); fields of a record written out as
+    JSON (extract): answers that copy their context, which prompt-lookup decoding speeds up;
   * the earlier tasks, so that they stay: retrieval (needle facts in filler, mostly with thinking
     off, as `appliance eval needle` asks), drills, doc chat, language.
 Each run ends with the held-out measures: tool-call accuracy on the 30 prompts of unseen tools
@@ -54,6 +55,14 @@ parameter / value is right):
     the rest wrong from the first piece (Paris -> "estis", gpu -> "warm", Reykjavik -> "Ratenkjavik").
     Tying the twins keeps recall but does not lift the values past ~0.5; the free calls still pick
     the wrong tool (check_battery for the weather) and swap parameter names (city / location).
+  * Copy-heavy answers (the tasks extract and code_edit added beside quote, at 16 / 8 / 7% of the
+    mix, tools cut to 30%; copy_share() measures three held-out copy prompts and counts in
+    keep_best), from the shipped model, 27 minutes, lr 3e-4 cosine (5760 steps, 2 threads, Xeon):
+    held-out copy share 0.00 at every checkpoint and at the end (the quote becomes new text, the
+    rename starts a `<tool_call>`, the JSON has the keys but wrong values: "year": 170 for 1702),
+    held-out tool calls 0.00, needle recall at 1024 0.20 / 0.60 / 0.57 (shipped 0.80): too short,
+    not shipped. A copy is in the first stage's skill (needle replies), but not yet as a whole
+    reply that follows its question: that needs longer than half an hour at this share.
 What holds it back, and what to try next:
   * choosing: a description comes after its tool's name, so the question's words (which match the
     description, not the name: inside a name a word tokenizes apart) lead to a position the name is
@@ -83,8 +92,8 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 # Retrieval at a third: at a fifth the needle recall fell from 0.80 to 0.17 (1024 tokens) while tools were learnt.
-MIX = {"tool": 0.2, "tool_drill": 0.34, "retrieval": 0.3, "drill": 0.06, "quote": 0.06, "doc_chat": 0.02,
-       "lm": 0.02}
+MIX = {"tool": 0.14, "tool_drill": 0.16, "retrieval": 0.3, "drill": 0.04, "quote": 0.16, "extract": 0.08,
+       "code_edit": 0.07, "doc_chat": 0.03, "lm": 0.02}
 QUOTE_ASKS = ["Quote the passage exactly, word for word.", "Repeat this text exactly.", "Copy this text.",
               "Quote it back to me.", "Show the passage again, unchanged.", "Write out this text word for word."]
 MIX_LONG = {"retrieval": 0.7, "lm": 0.15, "tool": 0.15}      # the 2048 rows
@@ -313,6 +322,49 @@ class ChatData:
                           (body + len(answer), len(text), "ans")]
         return self.pack(make, length)
 
+    def extract(self, length):
+        """Fields of a short record written out as a JSON object with the keys the question
+        names: the keys are copied from the question, the values from the record (the JSON an
+        extraction prompt expects, whose every token prompt lookup can draft)."""
+        rng = self.rng
+
+        def make():
+            record, fields = extraction_record(rng, self.tools)
+            keys = rng.sample(list(fields), rng.randint(2, min(4, len(fields))))
+            named = ", ".join(keys[:-1]) + " and " + keys[-1]
+            quoted = ", ".join(f'"{k}"' for k in keys[:-1]) + f' and "{keys[-1]}"'
+            ask = rng.choice([f"Extract the {named} from this text as a JSON object with the keys {quoted}:",
+                              f"Give the {named} of this text as JSON (keys {quoted}).",
+                              f"Return a JSON object with the keys {quoted} from this text:"])
+            question = ask + "\n\n" + record if rng.random() < 0.7 else record + "\n\n" + ask
+            answer = json.dumps({k: fields[k] for k in keys}, ensure_ascii=False)
+            text, spans = self.render([{"role": "user", "content": question}], answer,
+                                      kwargs={"enable_thinking": False}, values=[str(fields[k]) for k in keys])
+            return text, spans
+        return self.pack(make, length)
+
+    def code_edit(self, length):
+        """A small function shown again with one variable renamed: the copy is language, as in
+        quote(); the start of the copy and the end of the turn are the reply."""
+        rng = self.rng
+
+        def make():
+            code = small_function(rng, self.tools)
+            names = sorted(set(re.findall(r"\b([a-z]{2,12})\b =", code)))
+            old = rng.choice(names)
+            pool = [w for w in (self.tools.CORPUS_WORDS or self.tools.WORDS) if w not in code]
+            new = rng.choice(pool or ["acc"]).lower()
+            ask = rng.choice(["Rename the variable {a} to {b} in this function and show the whole function:",
+                              "Rename {a} to {b} and show the function:",
+                              "In this code, rename {a} to {b}. Show all of it:"]).format(a=old, b=new)
+            answer = re.sub(r"\b" + old + r"\b", new, code)
+            text, spans = self.render([{"role": "user", "content": ask + "\n\n" + code}], answer,
+                                      kwargs={"enable_thinking": False})
+            body = text.rindex(answer)
+            return text, [(spans[0][0], body + 8, "ans"), (body + 8, body + len(answer), "lm"),
+                          (body + len(answer), len(text), "ans")]
+        return self.pack(make, length)
+
     def doc_chat(self, length):
         def make():
             name, doc = self.rng.choice(self.base.chat_docs)
@@ -363,6 +415,62 @@ class ChatData:
     def batch(self, batch, length, mix):
         """A batch as the first stage makes one, from these tasks."""
         return type(self.base).batch(self, batch, length, mix)
+
+
+# ---- records and functions for the copy-heavy tasks ----------------------------------------------
+RECORDS = [
+    ("{name} was born in {city} in {year}. {Pron} worked as a {job} for most of {pos} life.",
+     ["name", "city", "year", "job"]),
+    ("The {product} is made by {company} in {city}. It came out in {year} and costs {price} dollars.",
+     ["product", "company", "city", "year", "price"]),
+    ("{name} moved to {city} in {year} and opened a shop selling {item}.", ["name", "city", "year", "item"]),
+    ("Order {number} from {name} ships to {city}; it holds {count} units of {item}.",
+     ["number", "name", "city", "count", "item"]),
+    ("In {year}, {company} hired {name} as its first {job}. The office was in {city}.",
+     ["year", "company", "name", "job", "city"]),
+]
+CITIES = ["Madrid", "Rome", "Tokyo", "Cairo", "Denver", "Prague", "Dublin", "Seoul", "Toronto", "Vienna",
+          "Oslo", "Lagos", "Perth", "Quebec", "Hanoi", "Zurich", "Bogota", "Tunis", "Riga", "Porto"]
+JOBS = ["teacher", "engineer", "baker", "pilot", "nurse", "writer", "painter", "farmer", "chemist", "clerk"]
+
+
+def extraction_record(rng: random.Random, tool_task) -> tuple[str, dict]:
+    """A record of one template with made-up values: (text, {key: value}); numbers stay numbers."""
+    template, keys = rng.choice(RECORDS)
+    name = " ".join(tool_task.made_up_value(rng).capitalize() for _ in range(rng.choice([1, 2, 2])))
+    city = rng.choice(CITIES) if rng.random() < 0.5 else tool_task.made_up_value(rng).capitalize()
+    values = {"name": name, "city": city,
+              "year": rng.randint(1700, 2030), "job": rng.choice(JOBS), "price": rng.randint(2, 900),
+              "product": tool_task.made_up_value(rng).lower(), "company": tool_task.made_up_value(rng).capitalize(),
+              "item": tool_task.made_up_value(rng).lower(), "number": rng.randint(100, 99999),
+              "count": rng.randint(1, 500)}
+    pron = rng.choice([("She", "her"), ("He", "his")])
+    text = template.format(**values, Pron=pron[0], pos=pron[1])
+    return text, {k: values[k] for k in keys}
+
+
+FUNCTIONS = [
+    "def {f}({xs}):\n    {a} = 0\n    for {x} in {xs}:\n        {a} += {x}\n"
+    "    return {a} / len({xs})\n",
+    "def {f}({xs}):\n    {a} = {xs}[0]\n    for {x} in {xs}:\n        if {x} > {a}:\n"
+    "            {a} = {x}\n    return {a}\n",
+    "def {f}({xs}, {b}):\n    {a} = 0\n    for {x} in {xs}:\n        if {x} == {b}:\n"
+    "            {a} += 1\n    return {a}\n",
+    "def {f}({xs}):\n    {a} = []\n    for {x} in {xs}:\n        {a}.append({x} * 2)\n    return {a}\n",
+    "def {f}({xs}, {b}):\n    {a} = {{}}\n    for {x} in {xs}:\n        {a}[{x}] = {b}\n    return {a}\n",
+]
+
+
+def small_function(rng: random.Random, tool_task) -> str:
+    """One of a few function shapes with identifiers drawn from the corpus words (all distinct)."""
+    pool = tool_task.CORPUS_WORDS or tool_task.WORDS
+    names = []
+    while len(names) < 5:
+        w = rng.choice(pool).lower()
+        if w.isidentifier() and w not in names and w not in ("for", "in", "if", "return", "def", "len"):
+            names.append(w)
+    f, xs, a, x, b = names
+    return rng.choice(FUNCTIONS).format(f=f, xs=xs, a=a, x=x, b=b)
 
 
 # ---- measures ------------------------------------------------------------------------------------
@@ -416,6 +524,35 @@ def call_parts(model, chat_tok, cases) -> dict[str, float]:
         right["value"] += generate(model, chat_tok, ids[:end["value"]], end["call"] - end["value"] + 4) \
             .startswith(case["value"] + '"')
     return {k: v / max(1, len(cases)) for k, v in right.items()}
+
+
+# Held-out copy-heavy prompts (no training template writes these): (question, the answer in full).
+COPY_CASES = [
+    ("Quote the passage exactly, word for word.\n\nThe scheduler admits a request when its prompt fits the "
+     "step budget. Long prompts are split into chunks, so that running streams keep their pace while a new "
+     "prompt is read.",
+     "The scheduler admits a request when its prompt fits the step budget. Long prompts are split into chunks, "
+     "so that running streams keep their pace while a new prompt is read."),
+    ("Rename the variable count to seen in this function and show the whole function:\n\ndef tally(words):\n"
+     "    count = {}\n    for word in words:\n        count[word] = count.get(word, 0) + 1\n    return count\n",
+     "def tally(words):\n    seen = {}\n    for word in words:\n        seen[word] = seen.get(word, 0) + 1\n"
+     "    return seen\n"),
+    ("Extract the name and city from this text as a JSON object with the keys \"name\" and \"city\":\n\n"
+     "Marta Quell runs a bakery in Lyon. She opened it after years at sea.",
+     '{"name": "Marta Quell", "city": "Lyon"}'),
+]
+
+
+def copy_share(model, chat_tok) -> float:
+    """How much of each held-out copy answer the model writes greedily before it first goes
+    wrong (thinking off), averaged: what prompt lookup's acceptance follows."""
+    shares = []
+    for question, answer in COPY_CASES:
+        prompt = chat_tok.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False)
+        text = generate(model, chat_tok, chat_tok.encode(prompt), len(chat_tok.encode(answer)) + 4)
+        same = next((i for i, (a, b) in enumerate(zip(text, answer)) if a != b), min(len(text), len(answer)))
+        shares.append(same / len(answer))
+    return sum(shares) / len(shares)
 
 
 def training_style_cases(tool_task, n: int, seed: int = 11) -> list[dict]:
@@ -542,12 +679,13 @@ def run_chat_stage(args, base_module, log) -> None:
             held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
             # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
             recall = base_module.needle_recall(model, chat_tok, 1024, 5)
+            copied = copy_share(model, chat_tok)
             model.train()
             log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
             log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
                 f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
-                f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}")
-            keep_best(best, model, step, acc + held["value"] + held["first"], recall, log)
+                f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f}")
+            keep_best(best, model, step, acc + held["value"] + held["first"] + copied, recall, log)
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
@@ -557,7 +695,7 @@ def run_chat_stage(args, base_module, log) -> None:
         acc, _ = tool_accuracy(model, chat_tok, tool_task, thinking=False)
         held = call_parts(model, chat_tok, tool_task.held_out_cases())
         recall = base_module.needle_recall(model, chat_tok, 1024, 5)
-        if recall < KEEP_RECALL or acc + held["value"] + held["first"] < best["score"]:
+        if recall < KEEP_RECALL or acc + held["value"] + held["first"] + copy_share(model, chat_tok) < best["score"]:
             model.load_state_dict(best["state"])
             log(f"chat stage: the last step's model is not the best (calls {acc:.2f}, recall {recall:.2f}); "
                 f"exporting step {best['step']}'s")
@@ -568,6 +706,7 @@ def run_chat_stage(args, base_module, log) -> None:
     for context in args.eval_contexts:
         log(f"needle recall (torch, greedy, held-out filler) at {context}: "
             f"{base_module.needle_recall(model, chat_tok, context, args.eval_trials):.2f}")
+    log(f"held-out copy share (quote, rename, extract; torch greedy): {copy_share(model, chat_tok):.2f}")
     sample = chat_tok.apply_chat_template([{"role": "user", "content": "What does json.dumps do?"}])
     log(f"sample (thinking on): {generate(model, chat_tok, chat_tok.encode(sample), 60)!r}")
     export(model, tok_dir, args.out, work, base_module)

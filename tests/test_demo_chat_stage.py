@@ -62,3 +62,40 @@ def test_keep_best_needs_the_recall_and_a_better_score():
     assert best["step"] == 20
     stage.keep_best(best, model, 40, 1.2, 0.9, lines.append)
     assert best["step"] == 40 and len(lines) == 2
+
+
+class _Pools:
+    """The pools the copy-heavy tasks draw from (demo_tools_task's, without the corpus words)."""
+    CORPUS_WORDS = ["ledger", "anchor", "bristle", "cobalt", "meadow", "quartz", "tundra", "willow", "zephyr"]
+    WORDS = CORPUS_WORDS
+
+    @staticmethod
+    def made_up_value(rng):
+        return rng.choice(_Pools.CORPUS_WORDS)
+
+
+def test_extraction_records_hold_every_value_they_name():
+    import json
+    import random
+    for seed in range(50):
+        text, fields = stage.extraction_record(random.Random(seed), _Pools)
+        assert fields and all(str(v) in text for v in fields.values())
+        assert json.loads(json.dumps(fields)) == fields      # the answer is the JSON of these fields
+        assert all(isinstance(fields[k], int) for k in ("year", "price", "number", "count") if k in fields)
+
+
+def test_small_functions_compile_and_have_distinct_names():
+    import random
+    import re
+    for seed in range(50):
+        code = stage.small_function(random.Random(seed), _Pools)
+        compile(code, "<function>", "exec")
+        assert re.findall(r"\b([a-z]{2,12})\b =", code)        # a variable code_edit can rename
+
+
+def test_copy_cases_ask_for_what_they_answer():
+    import json
+    quote, rename, extract = stage.COPY_CASES
+    assert quote[1] in quote[0]
+    assert rename[1] == rename[0].split("\n\n", 1)[1].replace("count", "seen")
+    assert all(v in extract[0] for v in json.loads(extract[1]).values())
