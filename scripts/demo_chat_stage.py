@@ -77,6 +77,7 @@ What holds it back, and what to try next:
 from __future__ import annotations
 
 import json
+import keyword
 import math
 import random
 import re
@@ -219,6 +220,16 @@ def lean_schema(schema: dict) -> dict:
         "type": "object", "properties": params, "required": f["parameters"]["required"]}}}
 
 
+def copy_spans(text: str, reply: int, answer: str, head: int) -> list[tuple[int, int, str]]:
+    """Loss spans of a reply that copies its context (text[reply:] ends with `answer` and the
+    end of turn): the copy is language (its own mean loss, so long copies do not drown the short
+    replies); its first `head` characters, which decide to start it, and the end of the turn
+    after it are the reply."""
+    body = text.rindex(answer)
+    return [(reply, body + head, "ans"), (body + head, body + len(answer), "lm"),
+            (body + len(answer), len(text), "ans")]
+
+
 class ChatData:
     """Samples rendered by Qwen3's template: (ids, kinds) per token, kinds as the base stage's
     (0 no loss, 1 language, 2 reply, 3 the value inside a reply)."""
@@ -290,9 +301,7 @@ class ChatData:
 
     def quote(self, length):
         """Answers that copy their context: a passage quoted back, or shown again with one word
-        renamed (the kind of answer prompt-lookup decoding speeds up). The copy is language (its
-        own mean loss, so long quotes do not drown the short replies); starting it and ending the
-        turn after it are the reply."""
+        renamed (the kind of answer prompt-lookup decoding speeds up); spans as copy_spans()."""
         rng = self.rng
 
         def make():
@@ -316,10 +325,7 @@ class ChatData:
                 answer = passage
             text, spans = self.render([{"role": "user", "content": question}], answer,
                                       kwargs={"enable_thinking": False})
-            body = text.rindex(answer)
-            head = min(len(answer), 12)
-            return text, [(spans[0][0], body + head, "ans"), (body + head, body + len(answer), "lm"),
-                          (body + len(answer), len(text), "ans")]
+            return text, copy_spans(text, spans[0][0], answer, min(len(answer), 12))
         return self.pack(make, length)
 
     def extract(self, length):
@@ -338,14 +344,12 @@ class ChatData:
                               f"Return a JSON object with the keys {quoted} from this text:"])
             question = ask + "\n\n" + record if rng.random() < 0.7 else record + "\n\n" + ask
             answer = json.dumps({k: fields[k] for k in keys}, ensure_ascii=False)
-            text, spans = self.render([{"role": "user", "content": question}], answer,
-                                      kwargs={"enable_thinking": False}, values=[str(fields[k]) for k in keys])
-            return text, spans
+            return self.render([{"role": "user", "content": question}], answer,
+                               kwargs={"enable_thinking": False}, values=[str(fields[k]) for k in keys])
         return self.pack(make, length)
 
     def code_edit(self, length):
-        """A small function shown again with one variable renamed: the copy is language, as in
-        quote(); the start of the copy and the end of the turn are the reply."""
+        """A small function shown again with one variable renamed; spans as copy_spans()."""
         rng = self.rng
 
         def make():
@@ -360,9 +364,7 @@ class ChatData:
             answer = re.sub(r"\b" + old + r"\b", new, code)
             text, spans = self.render([{"role": "user", "content": ask + "\n\n" + code}], answer,
                                       kwargs={"enable_thinking": False})
-            body = text.rindex(answer)
-            return text, [(spans[0][0], body + 8, "ans"), (body + 8, body + len(answer), "lm"),
-                          (body + len(answer), len(text), "ans")]
+            return text, copy_spans(text, spans[0][0], answer, 8)
         return self.pack(make, length)
 
     def doc_chat(self, length):
@@ -467,7 +469,7 @@ def small_function(rng: random.Random, tool_task) -> str:
     names = []
     while len(names) < 5:
         w = rng.choice(pool).lower()
-        if w.isidentifier() and w not in names and w not in ("for", "in", "if", "return", "def", "len"):
+        if w.isidentifier() and not keyword.iskeyword(w) and w != "len" and w not in names:
             names.append(w)
     f, xs, a, x, b = names
     return rng.choice(FUNCTIONS).format(f=f, xs=xs, a=a, x=x, b=b)

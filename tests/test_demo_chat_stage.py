@@ -65,8 +65,10 @@ def test_keep_best_needs_the_recall_and_a_better_score():
 
 
 class _Pools:
-    """The pools the copy-heavy tasks draw from (demo_tools_task's, without the corpus words)."""
-    CORPUS_WORDS = ["ledger", "anchor", "bristle", "cobalt", "meadow", "quartz", "tundra", "willow", "zephyr"]
+    """A small stand-in for demo_tools_task's pools, which the copy-heavy tasks draw from."""
+    # Python keywords among the words, as the corpus has them: a function must never use one
+    CORPUS_WORDS = ["ledger", "anchor", "bristle", "cobalt", "meadow", "quartz", "tundra", "willow", "zephyr",
+                    "class", "import", "while", "return"]
     WORDS = CORPUS_WORDS
 
     @staticmethod
@@ -84,7 +86,7 @@ def test_extraction_records_hold_every_value_they_name():
         assert all(isinstance(fields[k], int) for k in ("year", "price", "number", "count") if k in fields)
 
 
-def test_small_functions_compile_and_have_distinct_names():
+def test_small_functions_compile_and_have_a_variable_to_rename():
     import random
     import re
     for seed in range(50):
