@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
+import socketserver
 import subprocess
 import threading
 import time
@@ -74,9 +76,46 @@ class InstanceHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class KeepAliveBoard(socketserver.ThreadingTCPServer):
+    """A board's HTTP server as the balancer meets it: it keeps an idle connection for
+    `keepalive` seconds, then closes it. That close can cross a request the balancer has just
+    sent on the connection; this stand-in plays the race at its worst: a request arriving on a
+    connection idle for longer than the keep-alive is dropped unanswered."""
+    daemon_threads = True
+
+    def __init__(self, keepalive: float):
+        self.keepalive, self.answered, self.dropped = keepalive, 0, 0
+        super().__init__(("127.0.0.1", 0), KeepAliveHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+
+class KeepAliveHandler(socketserver.StreamRequestHandler):
+    def handle(self):
+        idle_since = time.monotonic()
+        while request_line := self.rfile.readline():
+            if time.monotonic() - idle_since > self.server.keepalive:
+                self.server.dropped += 1
+                return                                      # the board had closed it
+            length = 0
+            while (line := self.rfile.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            self.rfile.read(length)
+            body = b'{"ok": true}'
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            self.server.answered += 1
+            idle_since = time.monotonic()
+
+
 @pytest.fixture(scope="module")
 def balancer(tmp_path_factory):
-    nginx = tool("nginx")
+    tool("nginx")
     if not NJS_MODULE.exists():
         message = f"no {NJS_MODULE} (libnginx-mod-http-js, scripts/ci/install_fleet_deps.sh)"
         pytest.fail(message) if os.environ.get("FLEET_REQUIRE_TOOLS") == "1" else pytest.skip(message)
@@ -95,12 +134,7 @@ def balancer(tmp_path_factory):
             {"name": "chat", "port": port("board2/chat"), "model_name": "Qwen3-1.7B"},
             {"name": "big", "port": port("board2/big"), "model_name": "Qwen3-8B"}]}}
     groups = {"boards": ["board1", "board2"], "loadbalancer": ["lb"]}
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "lb_routes", Path(__file__).resolve().parents[2] / "ansible/roles/loadbalancer/filter_plugins/routes.py")
-    routes_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(routes_module)
-    routes = routes_module.routes(groups["boards"], hostvars, 8080)
+    routes = fleet_routes(groups["boards"], hostvars, 8080)
     listen = free_port()
     common = dict(groups=groups, hostvars=hostvars, loadbalancer_fleet_routes=routes, loadbalancer_listen_port=listen,
                   loadbalancer_route_body_buffer="16k", loadbalancer_target="lb",
@@ -113,9 +147,21 @@ def balancer(tmp_path_factory):
     (conf / "appliance.conf").write_text(render_role_template("loadbalancer", "appliance-site.conf.j2", **common)
                                          .replace("/etc/nginx/njs/", f"{tmp}/njs/"))
     (conf / "appliance-upstreams.conf").write_text(render_role_template("loadbalancer", "upstreams.conf.j2", **common))
+    proc, base = start_nginx(tmp, conf)
+    yield base, routes
+    proc.terminate()
+    proc.wait(timeout=10)
+    for server in instances.values():
+        server.shutdown()
+
+
+def start_nginx(tmp: Path, conf: Path, njs: bool = True) -> tuple[subprocess.Popen, str]:
+    """Debian's nginx on the rendered site and upstreams in conf/, answering on the site's
+    port: (its process, its base URL)."""
+    nginx = tool("nginx")
     os.chmod(tmp, 0o755)
     (tmp / "nginx.conf").write_text(f"""
-load_module {NJS_MODULE};
+{f'load_module {NJS_MODULE};' if njs else ''}
 {'user root;' if os.geteuid() == 0 else ''}
 worker_processes 1;
 pid {tmp}/nginx.pid;
@@ -133,20 +179,26 @@ http {{
     assert check.returncode == 0, check.stderr
     proc = subprocess.Popen(argv + ["-g", "daemon off;"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listen = re.search(r"listen (\d+) default_server", (conf / "appliance.conf").read_text()).group(1)
     base = f"http://127.0.0.1:{listen}"
     deadline = time.monotonic() + 10
     while True:
         try:
             urllib.request.urlopen(base + "/nginx_status", timeout=1)
-            break
+            return proc, base
         except OSError:
             assert time.monotonic() < deadline and proc.poll() is None, (tmp / "error.log").read_text()
             time.sleep(0.1)
-    yield base, routes
-    proc.terminate()
-    proc.wait(timeout=10)
-    for server in instances.values():
-        server.shutdown()
+
+
+def fleet_routes(boards: list[str], hostvars: dict, backend_port: int) -> dict:
+    """The role's loadbalancer_routes filter, called as the templates' variables compute it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "lb_routes", Path(__file__).resolve().parents[2] / "ansible/roles/loadbalancer/filter_plugins/routes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.routes(boards, hostvars, backend_port)
 
 
 def free_port() -> int:
@@ -220,3 +272,37 @@ def test_a_stream_passes_through_the_router(balancer):
     code, raw = call(base, "/v1/chat/completions", {"model": "Qwen3-8B", "stream": True})
     events = [json.loads(line[len(b"data: "):]) for line in raw.splitlines() if line.startswith(b"data: ")]
     assert code == 200 and [e["n"] for e in events] == [0, 1, 2] and {e["by"] for e in events} == {"board2/big"}
+
+
+def test_the_balancer_closes_an_idle_connection_before_the_board_does(tmp_path):
+    """One board in rotation (the other drained, as in a rollout with a board unreachable): a
+    request after a pause longer than the board's keep-alive must not go out on a connection
+    the board has closed, because there is no other board to retry on (nginx would answer 502)."""
+    tool("nginx")
+    from appliance.config import Settings
+    from appliance.server.gunicorn import gunicorn_options
+    board = KeepAliveBoard(gunicorn_options(Settings())["keepalive"])
+    hostvars = {"lb": {}, "board1": {"ansible_host": "127.0.0.2"}, "board2": {"ansible_host": "127.0.0.1"}}
+    groups = {"boards": ["board1", "board2"], "loadbalancer": ["lb"]}
+    common = dict(groups=groups, hostvars=hostvars, loadbalancer_backend_port=board.port,
+                  loadbalancer_fleet_routes=fleet_routes(groups["boards"], hostvars, board.port),
+                  loadbalancer_listen_port=free_port(), loadbalancer_target="lb",
+                  loadbalancer_down_states={"lb": {"board1": {"by": "rollout"}}}, loadbalancer_tls_enabled=False)
+    conf = tmp_path / "conf.d"
+    conf.mkdir()
+    (conf / "appliance.conf").write_text(render_role_template("loadbalancer", "appliance-site.conf.j2", **common))
+    upstreams = render_role_template("loadbalancer", "upstreams.conf.j2", **common)
+    assert " down;  # board1" in upstreams, upstreams
+    (conf / "appliance-upstreams.conf").write_text(upstreams)
+    proc, base = start_nginx(tmp_path, conf, njs=False)
+    try:
+        assert call(base, "/v1/completions", {"prompt": "p"})[0] == 200
+        time.sleep(board.keepalive + 0.5)
+        code, raw = call(base, "/v1/completions", {"prompt": "p"})
+        assert code == 200 and board.dropped == 0, \
+            f"{code} {raw[:120]!r}: the balancer sent a request on a connection the board had closed"
+        assert board.answered == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        board.shutdown()
