@@ -16,6 +16,12 @@ void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, floa
     quantize_rows_q8_portable(x, M, K, q, d);
 }
 
+void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                      int8_t *dst, float *scale)
+{
+    kv_store_q8_portable(x, T, n_kv, hd, slot, bs, dst, scale);
+}
+
 void gemm_q8_simd(const int8_t *wq, const uint16_t *wd, int64_t N, int64_t K,
                   const int8_t *xq, const float *xd, int64_t M, float *y, int nthreads)
 {

@@ -30,7 +30,7 @@ static inline void kernels_note_team(int family, int team)
 /* int8 max-abs quantization of one group of n floats; returns its scale d = amax/127, and
  * q = rint(x * 127/amax). Both in float32 as numpy computes them (appliance.kernels.quant), so
  * the results agree bit for bit. A group is a 32-block of an activation row (quantize_rows_q8)
- * or a whole (token, kv head) row of the q8 cache (kv_store_q8). */
+ * or a whole (token, kv head) row of the q8 cache (kv_store_q8_portable). */
 static inline float quantize_group_q8(const float *x, int64_t n, int8_t *q)
 {
     float amax = 0.0f;

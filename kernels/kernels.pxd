@@ -118,8 +118,10 @@ cdef extern from "kernels.h" nogil:
                                    const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
                                    float *scores, int nthreads)
 
-    void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
-                     int8_t *dst, float *scale)
+    void kv_store_q8_portable(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                              int8_t *dst, float *scale)
+    void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                          int8_t *dst, float *scale)
     void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
                      uint8_t *dst, float *scale)
     void kv_store_f32(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,

@@ -4,11 +4,14 @@
 _KV_DTYPES = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}
 
 
-def kv_store(str kind, x, slots, dst, scale):
+def kv_store(str kind, x, slots, dst, scale, path="simd"):
     """Write x float32[T, n_kv, hd] into one layer's cache arrays at slots int32[T] (block*bs + offset).
 
     dst, scale: the layer's K (or V) array and its scales (kernels.h layouts; scale None for f32).
+    path: q8 has a vector path ("simd", the default) and its scalar twin ("portable"); q4 and f32
+    are plain C.
     """
+    cdef bint simd = _use_simd(path)
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {', '.join(_KINDS)}, not {kind!r}")
     cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
@@ -36,8 +39,10 @@ def kv_store(str kind, x, slots, dst, scale):
         return
     cdef int ck = _KINDS[kind]
     with nogil:
-        if ck == KV_Q8:
-            kv_store_q8(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
+        if ck == KV_Q8 and simd:
+            kv_store_q8_simd(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
+        elif ck == KV_Q8:
+            kv_store_q8_portable(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
         elif ck == KV_Q4:
             kv_store_q4(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <uint8_t *>d.data, <float *>s.data)
         else:

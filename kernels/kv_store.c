@@ -1,4 +1,5 @@
-/* KV cache writes (kernels.h, "KV cache writes"): plain C, one token per layer in decode. */
+/* KV cache writes (kernels.h, "KV cache writes"): plain C, one token per layer in decode; the q8
+ * write's vector twin is in x86/avx2.c and arm/neon.c. */
 #include "internal.h"
 
 /* Row of token t, kv head h inside the cache: ((block * n_kv + h) * bs + offset). */
@@ -8,8 +9,8 @@ static inline int64_t cache_row(int32_t slot, int64_t h, int64_t n_kv, int64_t b
     return (block * n_kv + h) * bs + offset;
 }
 
-void kv_store_q8(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
-                 int8_t *dst, float *scale)
+void kv_store_q8_portable(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                          int8_t *dst, float *scale)
 {
     for (int64_t t = 0; t < T; t++) {
         for (int64_t h = 0; h < n_kv; h++) {

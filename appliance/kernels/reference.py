@@ -204,7 +204,7 @@ def attention_probe_bound(kind, q, k, ks, bk, bks, table, count, ncand, scale, p
 _KV_QUANTIZERS = {"q8": quant.quantize_kv_q8, "q4": quant.quantize_kv_q4}
 
 
-def kv_store(kind, x, slots, dst, scale):
+def kv_store(kind, x, slots, dst, scale, path="simd"):
     """Write x float32[T, n_kv, hd] into one layer's cache arrays at slots int32[T] (block*bs + offset)."""
     if kind not in ("q8", "q4", "f32"):
         raise ValueError(f"kind must be one of q8, q4, f32, not {kind!r}")

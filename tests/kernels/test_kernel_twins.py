@@ -81,21 +81,27 @@ def test_attention(path, kind):
     assert np.abs(got - want).max() <= ATTN_TOL * np.abs(case.v_f32).max()
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
-def test_kv_store(kind):
-    """Two writes at scattered slots, one with an all-zero row (scale 0): the arrays bit for bit."""
+@pytest.mark.parametrize("hd", [64, 128])
+def test_kv_store(kind, path, hd):
+    """Two writes at scattered slots, one with an all-zero row (scale 0), one with values that land
+    exactly halfway between two steps (rounded to even) and a -0.0: the arrays bit for bit."""
     rng = np.random.default_rng(5)
-    writes = [(rng.standard_normal((9, 2, 64)).astype(np.float32), rng.permutation(6 * 16)[:9].astype(np.int32))
+    writes = [(rng.standard_normal((9, 2, hd)).astype(np.float32), rng.permutation(6 * 16)[:9].astype(np.int32))
               for _ in range(2)]
     writes[0][0][3] = 0.0
-    row = 32 if kind == "q4" else 64
+    halves = writes[1][0][4, 1]
+    halves[:] = (np.arange(hd) % 20 - 10 + 0.5).astype(np.float32)   # amax 127: x * 127/amax = x, ties
+    halves[0], halves[1] = 127.0, -0.0
+    row = hd // 2 if kind == "q4" else hd
     dtype = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}[kind]
-    scale_shape = (6, 2, 16) + ((2,) if kind == "q4" else ())
+    scale_shape = (6, 2, 16) + ((hd // 32,) if kind == "q4" else ())
     dst, dst_twin = np.zeros((6, 2, 16, row), dtype), np.zeros((6, 2, 16, row), dtype)
     scale, scale_twin = (None, None) if kind == "f32" else (np.zeros(scale_shape, np.float32),
                                                             np.zeros(scale_shape, np.float32))
     for x, slots in writes:
-        K.kv_store(kind, x, slots, dst, scale)
+        K.kv_store(kind, x, slots, dst, scale, path=path)
         reference.kv_store(kind, x, slots, dst_twin, scale_twin)
     assert dst.any() and np.array_equal(dst, dst_twin)
     if kind != "f32":
