@@ -38,6 +38,14 @@ void gemm_rows_run_avx512vnni(const struct gemm_rows_args *a)
     rows_avx512vnni(a);
 }
 
+/* acc + w . (the 4 bytes at x in every lane), the broadcast folded into the dot's memory operand:
+ * the compiler emits a separate vpbroadcastd for _mm512_set1_epi32, one more instruction per dot. */
+static inline __attribute__((always_inline)) __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t *x)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
+    return acc;
+}
+
 /* One strip (16 weight rows, lane r = row r) against activation rows t0 .. t0+mr-1. A block is 8
  * aligned loads (q4: 4, and a mask and a shift each), one scale load, then per row 8 broadcasts
  * and 8 dots from the lanes' start: nothing is shuffled. Constant (is_q4, mr): unrolled. */
@@ -75,11 +83,8 @@ static inline __attribute__((always_inline)) void strip_tile(const int is_q4, co
         for (int m = 0; m < mr; m++)
             acc[m] = _mm512_set1_epi32(a->xinit[(t0 + m) * nb + b]);
         for (int g = 0; g < QK / 4; g++)
-            for (int m = 0; m < mr; m++) {
-                int32_t xv;
-                memcpy(&xv, a->x + (t0 + m) * K + b * QK + g * 4, 4);
-                acc[m] = _mm512_dpbusd_epi32(acc[m], w[g], _mm512_set1_epi32(xv));
-            }
+            for (int m = 0; m < mr; m++)
+                acc[m] = dpbusd_broadcast(acc[m], w[g], a->x + (t0 + m) * K + b * QK + g * 4);
         for (int m = 0; m < mr; m++) {
             const __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(acc[m]), fm);
             f[m] = _mm512_fmadd_ps(d, _mm512_mul_ps(wd, _mm512_set1_ps(a->xd[(t0 + m) * nb + b])), f[m]);
