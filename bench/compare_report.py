@@ -3,16 +3,20 @@ from __future__ import annotations
 
 MB = 1 << 20
 
-# Targets from the performance issue (and what llama.cpp measured on this machine then).
+# Targets of the kernels issue ("kernels at the machine's limits"), set against llama.cpp on an
+# Intel Xeon where its decode took 49.4-52.1 ms at 128, 102-114 at 4096 and 166 at 8192: ratios,
+# so a machine where llama.cpp's attention is faster makes them harder (docs/performance.md).
 TARGETS = {
-    128: (1.00, "<= 1.00x llama.cpp (was 49 ms)"),
-    4096: (0.55, "<= 0.55x llama.cpp (was 147 ms)"),
+    128: (0.70, "<= 0.70x llama.cpp"),
+    4096: (0.40, "<= 0.40x llama.cpp"),
+    8192: (0.33, "<= 0.33x llama.cpp"),
 }
-PREFILL_TARGET = (1.00, ">= 1.00x llama.cpp (was 82 tok/s)")
-# Block-sparse decode (long-context issue): against llama.cpp at the same context, and the
-# plateau of our own sparse attention time from 2048 to 8192.
+# Prefill by prompt length; other lengths: at least llama.cpp's.
+PREFILL_TARGETS = {512: 1.5, 4096: 1.3}
+# Block-sparse decode (long-context issue): against llama.cpp at the same context; and the
+# plateau of our own sparse attention time from 2048 to 8192 (kernels issue: flat fixed costs).
 SPARSE_TARGETS = {8192: (0.45, "<= 0.45x llama.cpp")}
-PLATEAU = (2048, 8192, 1.5)
+PLATEAU = (2048, 8192, 1.3)
 
 
 def _fmt(x, spec=".1f", none="-"):
@@ -78,14 +82,15 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
     po = ours["prefill"]["tokens_per_s"] if ours and "error" not in ours else None
     pl = ref["prefill"]["tokens_per_s"] if ref and "error" not in ref else None
     pr = po / pl if po and pl else None
-    verdict = "" if pr is None else (" MET" if pr >= PREFILL_TARGET[0] else " MISSED")
     n_pref = meta["prefill"]
+    prefill_target = PREFILL_TARGETS.get(n_pref, 1.0)
+    verdict = "" if pr is None else (" MET" if pr >= prefill_target else " MISSED")
     lines += ["", f"prefill {n_pref} tokens: ours {_fmt(po)} tok/s | llama.cpp {_fmt(pl)} tok/s | "
-                  f"ratio {_fmt(pr, '.2f') + ('x' if pr else '')} | target {PREFILL_TARGET[1]}{verdict}"]
+                  f"ratio {_fmt(pr, '.2f') + ('x' if pr else '')} | target >= {prefill_target:.2f}x llama.cpp{verdict}"]
     for k in others:
         lines.append(f"  llama.cpp [{k}] prefill {n_pref}: {_fmt(llamas[k]['prefill']['tokens_per_s'])} tok/s")
     prefill = {"tokens": n_pref, "ours_tokens_per_s": po, "llamacpp_tokens_per_s": pl, "ratio": pr,
-               "target_ratio": PREFILL_TARGET[0], "target_met": None if pr is None else pr >= PREFILL_TARGET[0],
+               "target_ratio": prefill_target, "target_met": None if pr is None else pr >= prefill_target,
                **{f"llamacpp_{k}_tokens_per_s": llamas[k]["prefill"]["tokens_per_s"] for k in others}}
 
     sparse = {}
