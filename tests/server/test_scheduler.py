@@ -72,7 +72,10 @@ def test_sequences_are_decoded_together(engine_factory, make_scheduler):
     batches = []
     engine.add_stats_listener(lambda s: batches.append(s.batch) if isinstance(s, DecodeStats) else None)
     sched = make_scheduler(engine, max_batch=4, max_queue=4)
-    reqs = [sched.submit(prompt(engine, f"Request {i}"), params(30)) for i in range(4)]
+    # All four wait before the first step (the scheduler takes its lock to admit): otherwise the
+    # first could have decoded its 30 tokens before a slow machine submitted the fourth.
+    with sched.cv:
+        reqs = [sched.submit(prompt(engine, f"Request {i}"), params(30)) for i in range(4)]
     outs = [drain(r) for r in reqs]
     for events in outs:
         assert events[-1].outcome == "length" and events[-1].completion_tokens == 30
