@@ -27,6 +27,14 @@ static inline void kernels_note_team(int family, int team)
         __atomic_store_n(&kernels_threads_ran[family], team, __ATOMIC_RELAXED);
 }
 
+/* The cache row of the token at `slot` (block * bs + offset), kv head h: ((block * n_kv + h) * bs +
+ * offset) in kernels.h's [nblk, n_kv, bs, ...] layouts (the KV writes, portable and vector). */
+static inline int64_t kv_cache_row(int32_t slot, int64_t h, int64_t n_kv, int64_t bs)
+{
+    const int64_t block = slot / bs, offset = slot % bs;
+    return (block * n_kv + h) * bs + offset;
+}
+
 /* int8 max-abs quantization of one group of n floats; returns its scale d = amax/127, and
  * q = rint(x * 127/amax). Both in float32 as numpy computes them (appliance.kernels.quant), so
  * the results agree bit for bit. A group is a 32-block of an activation row (quantize_rows_q8)

@@ -2,20 +2,13 @@
  * write's vector twin is in x86/avx2.c and arm/neon.c. */
 #include "internal.h"
 
-/* Row of token t, kv head h inside the cache: ((block * n_kv + h) * bs + offset). */
-static inline int64_t cache_row(int32_t slot, int64_t h, int64_t n_kv, int64_t bs)
-{
-    const int64_t block = slot / bs, offset = slot % bs;
-    return (block * n_kv + h) * bs + offset;
-}
-
 void kv_store_q8_portable(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
                           int8_t *dst, float *scale)
 {
     for (int64_t t = 0; t < T; t++) {
         for (int64_t h = 0; h < n_kv; h++) {
             const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = cache_row(slot[t], h, n_kv, bs);
+            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
             scale[row] = quantize_group_q8(src, hd, dst + row * hd);
         }
     }
@@ -28,7 +21,7 @@ void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int3
     for (int64_t t = 0; t < T; t++) {
         for (int64_t h = 0; h < n_kv; h++) {
             const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = cache_row(slot[t], h, n_kv, bs);
+            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
             for (int64_t b = 0; b < nb; b++) {
                 const float *xb = src + b * QK;
                 float vmax = 0.0f, amax = 0.0f;   /* the signed value of largest magnitude, first wins */
@@ -58,6 +51,6 @@ void kv_store_f32(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int
 {
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < n_kv; h++)
-            memcpy(dst + cache_row(slot[t], h, n_kv, bs) * hd, x + (t * n_kv + h) * hd,
+            memcpy(dst + kv_cache_row(slot[t], h, n_kv, bs) * hd, x + (t * n_kv + h) * hd,
                    (size_t)hd * sizeof(float));
 }

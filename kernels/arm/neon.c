@@ -46,10 +46,9 @@ void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const
                       int8_t *dst, float *scale)
 {
     for (int64_t t = 0; t < T; t++) {
-        const int64_t block = slot[t] / bs, offset = slot[t] % bs;
         for (int64_t h = 0; h < n_kv; h++) {
             const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = (block * n_kv + h) * bs + offset;
+            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
             float32x4_t m = vdupq_n_f32(0.0f);
             for (int64_t i = 0; i < hd; i += 4)
                 m = vmaxq_f32(m, vabsq_f32(vld1q_f32(src + i)));

@@ -48,10 +48,9 @@ void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t t = 0; t < T; t++) {
-        const int64_t block = slot[t] / bs, offset = slot[t] % bs;
         for (int64_t h = 0; h < n_kv; h++) {
             const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = (block * n_kv + h) * bs + offset;
+            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
             __m256 m = _mm256_setzero_ps();
             for (int64_t i = 0; i < hd; i += 8)
                 m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(src + i)), m);
