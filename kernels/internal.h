@@ -52,6 +52,20 @@ static inline float quantize_group_q8(const float *x, int64_t n, int8_t *q)
     return amax / 127.0f;
 }
 
+/* A q8 KV write (kernels.h kv_store_q8_*): every (token, kv head) row of x float[T, n_kv, hd]
+ * quantized by `row` (quantize_group_q8 or a vector twin: q int8[hd] and the scale it returns)
+ * into its cache row. Inlined with a constant `row`, so the call is direct. */
+static inline __attribute__((always_inline)) void kv_store_q8_rows(
+    const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs, int8_t *dst,
+    float *scale, float (*row)(const float *x, int64_t n, int8_t *q))
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < n_kv; h++) {
+            const int64_t r = kv_cache_row(slot[t], h, n_kv, bs);
+            scale[r] = row(x + (t * n_kv + h) * hd, hd, dst + r * hd);
+        }
+}
+
 static inline uint32_t f32_bits(float f)
 {
     uint32_t u;

@@ -5,13 +5,7 @@
 void kv_store_q8_portable(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
                           int8_t *dst, float *scale)
 {
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t h = 0; h < n_kv; h++) {
-            const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
-            scale[row] = quantize_group_q8(src, hd, dst + row * hd);
-        }
-    }
+    kv_store_q8_rows(x, T, n_kv, hd, slot, bs, dst, scale, quantize_group_q8);
 }
 
 void kv_store_q4(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,

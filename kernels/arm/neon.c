@@ -40,33 +40,31 @@ void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, floa
 
 /* ---- KV cache rows ------------------------------------------------------- */
 
-/* kv_store_q8_portable's rows (one max-abs scale per token and kv head, hd a multiple of 32) with
- * the same float32 operations: the same bytes and scales. */
+/* quantize_group_q8 of a whole KV row (n a multiple of 32) with the same float32 operations: the
+ * same bytes and scale. */
+static inline __attribute__((always_inline)) float quantize_kv_row(const float *x, int64_t n, int8_t *q)
+{
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < n; i += 4)
+        m = vmaxq_f32(m, vabsq_f32(vld1q_f32(x + i)));
+    const float amax = vmaxvq_f32(m);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = 0; i < n; i += 16) {
+        int16x8_t s[2];
+        for (int j = 0; j < 2; j++) {
+            const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i + 8 * j), inv));
+            const int32x4_t c = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i + 8 * j + 4), inv));
+            s[j] = vcombine_s16(vqmovn_s32(a), vqmovn_s32(c));
+        }
+        vst1q_s8(q + i, vcombine_s8(vqmovn_s16(s[0]), vqmovn_s16(s[1])));
+    }
+    return amax / 127.0f;
+}
+
 void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
                       int8_t *dst, float *scale)
 {
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t h = 0; h < n_kv; h++) {
-            const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
-            float32x4_t m = vdupq_n_f32(0.0f);
-            for (int64_t i = 0; i < hd; i += 4)
-                m = vmaxq_f32(m, vabsq_f32(vld1q_f32(src + i)));
-            const float amax = vmaxvq_f32(m);
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t *q = dst + row * hd;
-            for (int64_t i = 0; i < hd; i += 16) {
-                int16x8_t s[2];
-                for (int j = 0; j < 2; j++) {
-                    const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(src + i + 8 * j), inv));
-                    const int32x4_t c = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(src + i + 8 * j + 4), inv));
-                    s[j] = vcombine_s16(vqmovn_s32(a), vqmovn_s32(c));
-                }
-                vst1q_s8(q + i, vcombine_s8(vqmovn_s16(s[0]), vqmovn_s16(s[1])));
-            }
-            scale[row] = amax / 127.0f;
-        }
-    }
+    kv_store_q8_rows(x, T, n_kv, hd, slot, bs, dst, scale, quantize_kv_row);
 }
 
 /* ---- GEMM ---------------------------------------------------------------- */

@@ -40,34 +40,32 @@ void quantize_rows_q8_simd(const float *x, int64_t M, int64_t K, int8_t *q, floa
 
 /* ---- KV cache rows ------------------------------------------------------- */
 
-/* kv_store_q8_portable's rows (one max-abs scale per token and kv head, hd a multiple of 32) with
- * the same float32 operations: the same bytes and scales. */
-void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
-                      int8_t *dst, float *scale)
+/* quantize_group_q8 of a whole KV row (n a multiple of 32) with the same float32 operations: the
+ * same bytes and scale. */
+static inline __attribute__((always_inline)) float quantize_kv_row(const float *x, int64_t n, int8_t *q)
 {
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t h = 0; h < n_kv; h++) {
-            const float *src = x + (t * n_kv + h) * hd;
-            const int64_t row = kv_cache_row(slot[t], h, n_kv, bs);
-            __m256 m = _mm256_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 8)
-                m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(src + i)), m);
-            const float amax = hmax_ps(m);
-            const __m256 vinv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            int8_t *q = dst + row * hd;
-            for (int64_t i = 0; i < hd; i += QK) {
-                const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), vinv));
-                const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), vinv));
-                const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 16), vinv));
-                const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 24), vinv));
-                const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-                _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p, unshuffle));
-            }
-            scale[row] = amax / 127.0f;
-        }
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + i)), m);
+    const float amax = hmax_ps(m);
+    const __m256 vinv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int64_t i = 0; i < n; i += QK) {
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vinv));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vinv));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vinv));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p, unshuffle));
     }
+    return amax / 127.0f;
+}
+
+void kv_store_q8_simd(const float *x, int64_t T, int64_t n_kv, int64_t hd, const int32_t *slot, int64_t bs,
+                      int8_t *dst, float *scale)
+{
+    kv_store_q8_rows(x, T, n_kv, hd, slot, bs, dst, scale, quantize_kv_row);
 }
 
 /* ---- GEMM ---------------------------------------------------------------- */
