@@ -47,8 +47,8 @@ static inline __attribute__((always_inline)) __m512i dpbusd_broadcast(__m512i ac
 }
 
 /* One strip (16 weight rows, lane r = row r) against activation rows t0 .. t0+mr-1. A block is 8
- * aligned loads (q4: 4, and a mask and a shift each), one scale load, then per row 8 broadcasts
- * and 8 dots from the lanes' start: nothing is shuffled. Constant (is_q4, mr): unrolled. */
+ * aligned loads (q4: 4, and a mask and a shift each), one scale load, then per row 8 dots from the
+ * lanes' start, each reading its 4 activation bytes as a broadcast operand: nothing is shuffled. Constant (is_q4, mr): unrolled. */
 static inline __attribute__((always_inline)) void strip_tile(const int is_q4, const int mr,
                                                              const struct gemm_strips_args *a, int64_t s, int64_t t0)
 {
