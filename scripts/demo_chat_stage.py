@@ -93,8 +93,24 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 # Retrieval at a third: at a fifth the needle recall fell from 0.80 to 0.17 (1024 tokens) while tools were learnt.
-MIX = {"tool": 0.14, "tool_drill": 0.16, "retrieval": 0.3, "drill": 0.04, "quote": 0.16, "extract": 0.08,
-       "code_edit": 0.07, "doc_chat": 0.03, "lm": 0.02}
+MIX = {"tool": 0.12, "tool_drill": 0.14, "retrieval": 0.28, "drill": 0.04, "quote": 0.14, "extract": 0.07,
+       "code_edit": 0.07, "repeat": 0.1, "doc_chat": 0.02, "lm": 0.02}
+# The shipped 4-layer model copies nothing it is shown: a span of random tokens repeated is
+# predicted at chance (0 of 127 tokens), a passage quoted back 5-20% teacher-forced. Its retrieval
+# matches a fact's key; there is no general copy (induction) head, which every task here needs
+# (a value, a name, a quote). Repeats do not grow one in its trained layers (300 steps at lr 1e-3:
+# loss stays at chance), nor in layers copied from them (grow_depth's old way); two fresh layers
+# do, in ~500 steps of short random-token rows at lr 1e-3, when the repeat's offset varies (at a
+# fixed offset a head learns the offset instead, and copies nothing at any other). So the stage
+# opens with such rows alone until their loss is down (the heads appear suddenly, after 450 steps
+# in one run and later in another), and keeps them at a tenth of the mix after.
+# Only the fresh layers learn in the opening, at the first stage's rate: trained on random tokens
+# alone, the whole model lost its retrieval (needle recall 0.80 -> 0.00 within 900 steps at 8e-4).
+OPENING_ROWS = (128, 16)
+OPENING_MIX = {"repeat": 1.0}
+OPENING_LR = 1e-3
+OPENED_LOSS = 2.5            # nats a token on the repeats' second spans (chance: ln 3072 = 8.0)
+OPENING_MAX_STEPS = 2500
 QUOTE_ASKS = ["Quote the passage exactly, word for word.", "Repeat this text exactly.", "Copy this text.",
               "Quote it back to me.", "Show the passage again, unchanged.", "Write out this text word for word."]
 MIX_LONG = {"retrieval": 0.7, "lm": 0.15, "tool": 0.15}      # the 2048 rows
@@ -138,13 +154,16 @@ def grow_vocab(model, vocab: int):
     return model
 
 
-def grow_depth(model, layers: int):
-    """The model with `layers` decoder layers: each new layer is a copy of the one before it with
-    its two output projections (attention's o_proj, the MLP's down_proj) zeroed, so it adds
-    nothing to the residual stream and the grown model computes exactly what the old one did;
-    training then starts from the copied attention patterns. New layers go evenly between the old."""
+def grow_depth(model, layers: int, fresh: bool = True):
+    """The model with `layers` decoder layers: each new layer has its two output projections
+    (attention's o_proj, the MLP's down_proj) zeroed, so it adds nothing to the residual stream
+    and the grown model computes exactly what the old one did. A fresh layer starts from random
+    weights (the model's initialisation), free to learn what the old layers cannot (a copy head);
+    with fresh=False it is a copy of the layer before it, starting from its attention patterns.
+    New layers go evenly between the old."""
     import copy
     import torch
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
     old = list(model.model.layers)
     if layers <= len(old):
         return model
@@ -155,7 +174,12 @@ def grow_depth(model, layers: int):
     for i, layer in enumerate(old):
         grown.append(layer)
         if i in after:
-            twin = copy.deepcopy(layer)
+            if fresh:
+                twin = Qwen3DecoderLayer(model.config, i)
+                for module in twin.modules():
+                    model._init_weights(module)
+            else:
+                twin = copy.deepcopy(layer)
             with torch.no_grad():
                 twin.self_attn.o_proj.weight.zero_()
                 twin.mlp.down_proj.weight.zero_()
@@ -414,6 +438,24 @@ class ChatData:
     def lm(self, length):
         return self.base.lm(length)
 
+    def repeat(self, length):
+        """A span of random tokens and, later in the row at a random distance, the same span
+        again: only a head that finds the current token earlier and reads what followed it can
+        predict the second span (the base stage's repeats, at half the row, let a head learn the
+        fixed distance instead). Loss on the second span after its first token."""
+        # the first stage's pieces: past its three special tokens, before the tags added here
+        rng, first, vocab = self.rng, 3, min(self.base.tok.token_to_id(t) for t in TAGS)
+        n = rng.randint(8, length // 2)
+        gap = rng.randint(0, length - 2 * n)
+        lead = rng.randint(0, gap)
+
+        def noise(k):
+            return [rng.randrange(first, vocab) for _ in range(k)]
+        span = noise(n)
+        ids = noise(lead) + span + noise(gap - lead) + span
+        kinds = [0] * (len(ids) - n + 1) + [1] * (n - 1)
+        return ids + noise(length - len(ids)), kinds + [0] * (length - len(kinds))
+
     def batch(self, batch, length, mix):
         """A batch as the first stage makes one, from these tasks."""
         return type(self.base).batch(self, batch, length, mix)
@@ -545,6 +587,21 @@ COPY_CASES = [
 ]
 
 
+def copy_accuracy(model, chat_tok) -> float:
+    """The share of the held-out copy answers' tokens predicted right, teacher-forced (thinking
+    off): whether the model copies from its context at all, before it must also start the copy."""
+    import torch
+    right = total = 0
+    for question, answer in COPY_CASES:
+        prompt = chat_tok.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False)
+        head, ids = len(chat_tok.encode(prompt)), chat_tok.encode(prompt + answer)
+        with torch.no_grad():
+            guess = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        right += sum(guess[i - 1] == ids[i] for i in range(head, len(ids)))
+        total += len(ids) - head
+    return right / max(1, total)
+
+
 def copy_share(model, chat_tok) -> float:
     """How much of each held-out copy answer the model writes greedily before it first goes
     wrong (thinking off), averaged: what prompt lookup's acceptance follows."""
@@ -608,18 +665,25 @@ def run_chat_stage(args, base_module, log) -> None:
         model = Qwen3ForCausalLM(Qwen3Config.from_pretrained(state["config_dir"])).to(torch.float32)
         model.load_state_dict(state["model"])
         step, elapsed = state["step"], state["elapsed"]
+        opened, fresh = state.get("opened", False), state.get("fresh_layers", [])
         rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
         log(f"chat stage: resumed at step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
     else:
         model = grow_vocab(Qwen3ForCausalLM.from_pretrained(source, dtype=torch.float32), tok.get_vocab_size())
-        step, elapsed, state = 0, 0.0, None
+        step, elapsed, state, opened, fresh = 0, 0.0, None, False, []
         log(f"chat stage: from {source}, vocabulary {tok.get_vocab_size()} "
             f"(model rows {model.get_input_embeddings().weight.shape[0]})")
     if args.layers and args.layers > model.config.num_hidden_layers:
-        log(f"chat stage: {model.config.num_hidden_layers} -> {args.layers} layers (new ones start as no-ops); "
+        log(f"chat stage: {model.config.num_hidden_layers} -> {args.layers} layers (fresh ones, starting as no-ops); "
             f"optimizer state starts over")
+        old = set(map(id, model.model.layers))
         model, state = grow_depth(model, args.layers), None
+        fresh = [i for i, layer in enumerate(model.model.layers) if id(layer) not in old]
+    if not fresh:
+        opened = True            # nothing fresh to open with
+    learning = {id(p) for i in fresh for p in model.model.layers[i].parameters()}
+    kept = [p for p in model.parameters() if id(p) not in learning]
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -632,7 +696,8 @@ def run_chat_stage(args, base_module, log) -> None:
         model.config.save_pretrained(config_dir)
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config_dir": str(config_dir)}, tmp)
+                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config_dir": str(config_dir),
+                    "opened": opened, "fresh_layers": fresh}, tmp)
         tmp.replace(ckpt)
 
     probes = training_style_cases(tool_task, 40)
@@ -643,15 +708,21 @@ def run_chat_stage(args, base_module, log) -> None:
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
     sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0}
+    opening_losses: list[float] = []
+    mixed_steps = 0
     model.train()
     while elapsed < budget and time.time() < run_end:
         frac = elapsed / budget
-        length, batch, _ = rng.choices(LENGTHS, [w for _, _, w in LENGTHS])[0]
-        warm = min(1.0, (step + 1) / WARMUP_STEPS)
-        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        opening = not opened
+        length, batch = OPENING_ROWS if opening else rng.choices(LENGTHS, [w for _, _, w in LENGTHS])[0][:2]
+        # a warm-up at the start, and again when the opening ends (the kept layers' first updates)
+        warm = min(1.0, (step + 1 if opening else mixed_steps + 1) / WARMUP_STEPS)
+        mixed_steps += not opening
+        lr = warm * (OPENING_LR if opening else args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))))
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, kinds = data.batch(batch, length, MIX_LONG if length >= 2048 else MIX)
+        mix = OPENING_MIX if opening else MIX_LONG if length >= 2048 else MIX
+        x, y, kinds = data.batch(batch, length, mix)
         logits = model(input_ids=x).logits
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
         lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
@@ -660,7 +731,10 @@ def run_chat_stage(args, base_module, log) -> None:
         value_loss = (ce * value_mask).sum() / value_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         twins = twin_loss(embed, plain, spaced)
-        (lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + TWIN_WEIGHT * twins).backward()
+        (lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + (0 if opening else TWIN_WEIGHT) * twins).backward()
+        if opening:
+            for p in kept:      # no gradient: AdamW leaves them as they are, weight decay included
+                p.grad = None
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -669,6 +743,13 @@ def run_chat_stage(args, base_module, log) -> None:
             acc = ((logits.argmax(-1) == y).float() * value_mask).sum() / value_mask.sum().clamp(min=1)
         sums["lm"] += lm_loss.item(); sums["ans"] += ans_loss.item(); sums["acc"] += acc.item(); sums["n"] += 1
         sums["twin"] += twins.item()
+        if opening:
+            opening_losses = (opening_losses + [lm_loss.item()])[-20:]
+            if step >= OPENING_MAX_STEPS or (len(opening_losses) == 20 and sum(opening_losses) / 20 < OPENED_LOSS):
+                opened = True
+                log(f"chat step {step:5d}: copy heads in (repeat loss {sum(opening_losses) / len(opening_losses):.2f}); "
+                    f"the full mix begins")
+                save()
         if step % 10 == 0:
             n = sums["n"]
             log(f"chat step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
@@ -681,12 +762,13 @@ def run_chat_stage(args, base_module, log) -> None:
             held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
             # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
             recall = base_module.needle_recall(model, chat_tok, 1024, 5)
-            copied = copy_share(model, chat_tok)
+            copied, forced = copy_share(model, chat_tok), copy_accuracy(model, chat_tok)
             model.train()
             log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
             log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
                 f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
-                f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f}")
+                f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f} "
+                f"(teacher-forced tokens {forced:.2f})")
             keep_best(best, model, step, acc + held["value"] + held["first"] + copied, recall, log)
             t_ckpt = time.time()
     save()

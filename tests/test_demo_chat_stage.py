@@ -101,3 +101,49 @@ def test_copy_cases_ask_for_what_they_answer():
     assert quote[1] in quote[0]
     assert rename[1] == rename[0].split("\n\n", 1)[1].replace("count", "seen")
     assert all(v in extract[0] for v in json.loads(extract[1]).values())
+
+
+class _RepeatBase:
+    """What ChatData.repeat reads of the first stage's data: the tokenizer's tag ids."""
+    class tok:
+        @staticmethod
+        def token_to_id(tag):
+            return 100 + stage.TAGS.index(tag)
+
+
+def test_a_repeat_row_marks_exactly_the_second_span_at_a_varying_distance():
+    import random
+    data = stage.ChatData(_RepeatBase, None, None, None, random.Random(3))
+    distances = set()
+    for _ in range(40):
+        ids, kinds = data.repeat(129)
+        assert len(ids) == len(kinds) == 129
+        assert all(3 <= i < 100 for i in ids)                     # no special token, no tag
+        marked = [i for i, k in enumerate(kinds) if k]
+        start, end = marked[0] - 1, marked[-1] + 1               # the second span, its first token unmarked
+        assert marked == list(range(start + 1, end)) and end - start >= 8
+        span = ids[start:end]
+        first = next(i for i in range(start) if ids[i:i + len(span)] == span)
+        distances.add(start - first)
+    # a fixed distance lets a head learn the distance instead of looking the token up
+    assert len(distances) > 20
+
+
+def test_fresh_layers_leave_the_grown_model_computing_what_it_did():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    old = list(model.model.layers)
+    stage.grow_depth(model, 5)
+    layers = list(model.model.layers)
+    assert len(layers) == 5 and layers[0::2] == old and model.config.num_hidden_layers == 5
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, before, atol=1e-5)
+        # fresh: the new layer's attention is not its neighbour's (a copy would relearn the same patterns)
+        assert not torch.equal(layers[1].self_attn.q_proj.weight, layers[0].self_attn.q_proj.weight)
+    assert [layer.self_attn.layer_idx for layer in layers] == [0, 1, 2, 3, 4]
