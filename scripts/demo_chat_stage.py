@@ -63,6 +63,15 @@ parameter / value is right):
     held-out tool calls 0.00, needle recall at 1024 0.20 / 0.60 / 0.57 (shipped 0.80): too short,
     not shipped. A copy is in the first stage's skill (needle replies), but not yet as a whole
     reply that follows its question: that needs longer than half an hour at this share.
+  * Fresh copy layers (the opening on repeats, MIX's repeat share; 6 layers, lr 5e-4): on a Zen 4
+    EPYC the copy heads came in at step 389 (3 minutes); at steps 845 / 1786 / 2703 needle recall
+    at 1024 was 0.00 / 0.80 / 1.00, held-out copy answers teacher-forced 0.34 / 0.88 / 0.94, held-out
+    call parts first 0.37 / 0.37, rest 0.83 / 0.63, parameter 0.27 / 0.40, value 0.20 / 0.50, greedy
+    held-out calls 0.03 at 2703 (get_weather(Paris) right), greedy copy share 0.00: copying now
+    works once started, starting it (which tool, which span) does not yet. That run was lost with
+    its machine before its end. On a Zen 3 (AVX2 only) the same run is 4x slower: the opening took
+    387 steps in 14 minutes, and at step 1058 (36 min) recall 0.27, teacher-forced copy 0.65, greedy
+    calls 0.00: an hour there is not enough; a run needs about 2 hours of a Zen 4's 2 threads.
 What holds it back, and what to try next:
   * choosing: a description comes after its tool's name, so the question's words (which match the
     description, not the name: inside a name a word tokenizes apart) lead to a position the name is
