@@ -53,6 +53,8 @@ scripts/lab/build_wheelhouse.sh "${FLEET_WHEELHOUSE:-$CACHE/wheelhouse}" \
 # monitoring packages), stamped likewise.
 scripts/lab/build_rootfs.sh "${FLEET_ROOTFS:-$CACHE/rootfs}"
 # Nor do they reach Debian's archive: the fleet's own APT repository, built from the pinned
-# list in ansible/files/apt-packages.txt, is what the controller serves them.
-scripts/lab/build_apt_repo.sh "${FLEET_APT_REPO:-$CACHE/apt-repo}"
+# list in ansible/files/apt-packages.txt, is what the controller serves them. A pin that a
+# Debian security update superseded takes that update here (with a warning to bump the list):
+# bookworm-security keeps only its newest version, and the lab must not break on its release.
+scripts/lab/build_apt_repo.sh "${FLEET_APT_REPO:-$CACHE/apt-repo}" --accept-updates
 echo "install_fleet_deps: ok (ansible-core $("$VENV/bin/python" -c 'import ansible.release as r; print(r.__version__)'))"

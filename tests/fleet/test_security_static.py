@@ -107,3 +107,53 @@ def test_every_package_is_pinned():
     assert lines and all(re.match(r"^[a-z0-9][a-z0-9.+-]+=[0-9][\w.+~:-]*$", l) for l in lines), lines
     assert {"nftables", "prometheus-node-exporter", "nginx", "prometheus", "prometheus-alertmanager"} <= {
         l.split("=")[0] for l in lines}
+
+
+FAKE_MADISON = {                     # what a controller's apt sources carry, `apt-cache madison` style
+    "nginx": ["1.22.1-9+deb12u12", "1.22.1-9+deb12u9"],
+    "nftables": ["1.0.6-2+deb12u2"],
+    "prometheus": ["2.53.0-1"],      # only a new upstream: never taken for a 2.42 pin
+}
+
+
+def resolve_pins(tmp_path, pins: list[str], *flags: str) -> subprocess.CompletedProcess:
+    """build_apt_repo.sh --resolve-only against a stand-in `apt-cache` (dpkg is the real one)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    lines = "\n".join(f"{name}) printf '%s\\n' {' '.join(repr(f' {name} | {v} | http://deb.debian.org/debian bookworm/main amd64 Packages') for v in versions)} ;;"
+                      for name, versions in FAKE_MADISON.items())
+    (fake / "apt-cache").write_text(f"#!/bin/sh\n[ \"$1\" = madison ] || exit 2\ncase \"$2\" in\n{lines}\nesac\n")
+    (fake / "apt-cache").chmod(0o755)
+    listing = tmp_path / "packages.txt"
+    listing.write_text("# pins\n" + "".join(f"{p}\n" for p in pins))
+    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+    return subprocess.run(["bash", ANSIBLE_DIR.parent / "scripts/lab/build_apt_repo.sh", "--resolve-only",
+                           "--packages", listing, *flags], capture_output=True, text=True, env=env)
+
+
+def test_a_pin_the_sources_carry_resolves_to_itself(tmp_path):
+    out = resolve_pins(tmp_path, ["nftables=1.0.6-2+deb12u2", "nginx=1.22.1-9+deb12u9"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["nftables=1.0.6-2+deb12u2", "nginx=1.22.1-9+deb12u9"]
+
+
+def test_a_pin_superseded_by_a_security_update_stops_the_build_and_names_the_update(tmp_path):
+    out = resolve_pins(tmp_path, ["nginx=1.22.1-9+deb12u11"])
+    assert out.returncode == 1 and out.stdout == ""
+    assert "nginx 1.22.1-9+deb12u11 is superseded by 1.22.1-9+deb12u12" in out.stderr, out.stderr
+    assert "--accept-updates" in out.stderr
+
+
+def test_accept_updates_takes_the_newest_revision_of_the_same_upstream_version_with_a_warning(tmp_path):
+    out = resolve_pins(tmp_path, ["nftables=1.0.6-2+deb12u2", "nginx=1.22.1-9+deb12u11"], "--accept-updates")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["nftables=1.0.6-2+deb12u2", "nginx=1.22.1-9+deb12u12"]
+    assert "warning: nginx 1.22.1-9+deb12u11 is superseded by 1.22.1-9+deb12u12" in out.stderr
+
+
+@pytest.mark.parametrize("pin", ["prometheus=2.42.0+ds-5+deb12u1", "nginx=1.22.1-9+deb12u13", "absent=1.0-1"])
+def test_a_new_upstream_a_newer_pin_or_a_missing_package_is_never_substituted(tmp_path, pin):
+    out = resolve_pins(tmp_path, [pin], "--accept-updates")
+    name, version = pin.split("=")
+    assert out.returncode == 1, out.stdout
+    assert f"{name} {version} is not in this machine's apt sources" in out.stderr, out.stderr
