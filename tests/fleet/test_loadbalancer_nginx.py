@@ -107,9 +107,9 @@ class KeepAliveHandler(socketserver.StreamRequestHandler):
                     length = int(value)
             self.rfile.read(length)
             body = b'{"ok": true}'
+            self.server.answered += 1     # before the write: the client may read it and look at once
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            self.server.answered += 1
             idle_since = time.monotonic()
 
 
