@@ -94,6 +94,8 @@ import shutil
 import time
 from pathlib import Path
 
+import demo_pointers
+
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = (ROOT / "tests" / "fixtures" / "qwen3" / "chat_template.jinja").read_text()
 TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
@@ -288,19 +290,27 @@ class ChatData:
         return text, value_spans(text, len(prompt), values) + spans + listing
 
     def pack(self, make, length):
-        """Samples from make() joined as the template joins turns, until about `length` tokens."""
-        text, spans = "", []
+        """Samples from make() joined as the template joins turns, until about `length` tokens.
+        make() gives (text, spans) or (text, spans, attention pointers: demo_pointers)."""
+        text, spans, pointers = "", [], []
         while len(text) < length * 3.2:
-            t, s = make()
+            t, s, *p = make()
             spans += [(a + len(text), b + len(text), k) for a, b, k in s]
+            pointers += demo_pointers.shift(p[0], len(text)) if p else []
             text += t + "\n"
-        return self.base.encode(text, spans, length)
+        if not pointers:
+            return self.base.encode(text, spans, length)
+        ids, kinds = self.base.encode(text, spans, length)
+        offsets = self.base.tok.encode(text).offsets
+        return ids, kinds, demo_pointers.to_tokens(pointers, offsets, len(ids))
 
     # -- tasks
     def tool(self, length):
         def make():
             messages, schemas, reply, kwargs, values = self.tools.tool_sample(self.rng)
-            return self.render(messages, reply, schemas, kwargs, values)
+            text, spans = self.render(messages, reply, schemas, kwargs, values)
+            prompt_end = text.rindex(TURN) + len(TURN)
+            return text, spans, demo_pointers.tool_sample_pointers(text, prompt_end, schemas, messages, values)
         return self.pack(make, length)
 
     def tool_drill(self, length):
@@ -320,16 +330,20 @@ class ChatData:
                 schemas = [lean_schema(t) for t in schemas]
             text = "<tools>\n" + "\n".join(json.dumps(t) for t in schemas) + "\n</tools>\n"
             spans = description_spans(text, len(text))
+            asks = []
             for _ in range(self.rng.randint(1, 6)):
                 pick, value = self.rng.choice(tools), self.tools.made_up_value(self.rng)
                 question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value)
-                text += "<|im_start|>user\n" + question + END_OF_TURN + "\n" + TURN
+                text += "<|im_start|>user\n"
+                asks.append(((len(text), len(text) + len(question)), len(text) + len(question) + len(END_OF_TURN)
+                             + 1 + len(TURN), pick["name"], pick["parameter"], value))
+                text += question + END_OF_TURN + "\n" + TURN
                 start = len(text)
                 text += self.tools.call_text(pick["name"], {pick["parameter"]: value}) + END_OF_TURN
                 spans += value_spans(text, start, (pick["name"], '"' + pick["parameter"] + '"', value)) + \
                     [(start, len(text), "ans")]
                 text += "\n"
-            return text, spans
+            return text, spans, demo_pointers.drill_pointers(text, 0, schemas, asks)
         return self.pack(make, length)
 
     def quote(self, length):
@@ -466,8 +480,22 @@ class ChatData:
         return ids + noise(length - len(ids)), kinds + [0] * (length - len(kinds))
 
     def batch(self, batch, length, mix):
-        """A batch as the first stage makes one, from these tasks."""
-        return type(self.base).batch(self, batch, length, mix)
+        """A batch as the first stage makes one, from these tasks, and the attention pointers of
+        its rows: [(row, hop, query token, target tokens)]."""
+        import torch
+        x = torch.zeros(batch, length, dtype=torch.long)
+        y = torch.zeros(batch, length, dtype=torch.long)
+        kinds = torch.zeros(batch, length, dtype=torch.long)
+        pointers = []
+        names, weights = list(mix), list(mix.values())
+        for b in range(batch):
+            ids, kind, *p = getattr(self, self.rng.choices(names, weights)[0])(length + 1)
+            n = len(ids) - 1
+            x[b, :n] = torch.tensor(ids[:-1])
+            y[b, :n] = torch.tensor(ids[1:])
+            kinds[b, :n] = torch.tensor(kind[1:])
+            pointers += [(b, hop, q, t) for hop, q, t in (p[0] if p else []) if q < n]
+        return x, y, kinds, pointers
 
 
 # ---- records and functions for the copy-heavy tasks ----------------------------------------------
@@ -716,7 +744,10 @@ def run_chat_stage(args, base_module, log) -> None:
     best = {"score": -1.0, "state": None, "step": 0}
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
-    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0}
+    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
+    # the hops of a call taught by their attention (demo_pointers), on a model grown to their layers
+    pointer_loss = demo_pointers.PointerLoss(model) if model.config.num_hidden_layers == demo_pointers.LAYERS else None
+    log(f"chat stage: attention pointers {'on: ' + str(demo_pointers.HOPS) if pointer_loss else 'off'}")
     opening_losses: list[float] = []
     mixed_steps = 0
     model.train()
@@ -731,8 +762,12 @@ def run_chat_stage(args, base_module, log) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         mix = OPENING_MIX if opening else MIX_LONG if length >= 2048 else MIX
-        x, y, kinds = data.batch(batch, length, mix)
+        x, y, kinds, pointers = data.batch(batch, length, mix)
         logits = model(input_ids=x).logits
+        pointed, masses = pointer_loss(pointers) if pointer_loss is not None else (None, {})
+        for hop, m in masses.items():
+            sums["hops"][hop] = sums["hops"].get(hop, 0.0) + m
+            sums["hop_n"][hop] = sums["hop_n"].get(hop, 0) + 1
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
         lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
         lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
@@ -740,7 +775,10 @@ def run_chat_stage(args, base_module, log) -> None:
         value_loss = (ce * value_mask).sum() / value_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         twins = twin_loss(embed, plain, spaced)
-        (lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + (0 if opening else TWIN_WEIGHT) * twins).backward()
+        loss = lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + (0 if opening else TWIN_WEIGHT) * twins
+        if pointed is not None and not opening:
+            loss = loss + demo_pointers.POINTER_WEIGHT * pointed
+        loss.backward()
         if opening:
             for p in kept:      # no gradient: AdamW leaves them as they are, weight decay included
                 p.grad = None
@@ -761,9 +799,11 @@ def run_chat_stage(args, base_module, log) -> None:
                 save()
         if step % 10 == 0:
             n = sums["n"]
+            hops = " ".join(f"{h} {sums['hops'][h] / sums['hop_n'][h]:.2f}" for h in sums["hops"])
             log(f"chat step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
-                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}  twin {sums['twin'] / n:.3f}")
-            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0}
+                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}  twin {sums['twin'] / n:.3f}"
+                + (f"  attention on targets: {hops}" if hops else ""))
+            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint

@@ -99,7 +99,7 @@ def test_a_rendered_tool_sample_marks_its_reply_its_values_and_the_descriptions(
 
 
 def test_a_tool_drill_row_is_a_listing_then_calls_with_their_values_marked(chat_data):
-    ids, kinds = chat_data.tool_drill(512)
+    ids, kinds, pointers = chat_data.tool_drill(512)
     assert len(ids) == len(kinds) <= 512
     assert {1, 2, 3} <= set(kinds)          # descriptions, replies, and the values inside them
     text = chat_data.chat_tok.decode(ids)
