@@ -372,7 +372,9 @@ class ChatData:
                 answer = passage
             text, spans = self.render([{"role": "user", "content": question}], answer,
                                       kwargs={"enable_thinking": False})
-            return text, copy_spans(text, spans[0][0], answer, min(len(answer), 12))
+            body, asked = text.rindex(answer), text.rindex(passage, 0, spans[0][0])
+            return text, copy_spans(text, spans[0][0], answer, min(len(answer), 12)), \
+                demo_pointers.copy_pointers(text, (asked, asked + len(passage)), body, [(0, passage[:12])])
         return self.pack(make, length)
 
     def extract(self, length):
@@ -391,8 +393,14 @@ class ChatData:
                               f"Return a JSON object with the keys {quoted} from this text:"])
             question = ask + "\n\n" + record if rng.random() < 0.7 else record + "\n\n" + ask
             answer = json.dumps({k: fields[k] for k in keys}, ensure_ascii=False)
-            return self.render([{"role": "user", "content": question}], answer,
-                               kwargs={"enable_thinking": False}, values=[str(fields[k]) for k in keys])
+            text, spans = self.render([{"role": "user", "content": question}], answer,
+                                      kwargs={"enable_thinking": False}, values=[str(fields[k]) for k in keys])
+            body, asked = text.rindex(answer), text.rindex(question, 0, len(text) - len(answer))
+            # each key from the question's quoted keys, each value from the record
+            pieces = [(answer.index(json.dumps(k)) + 1, k) for k in keys] + \
+                [(answer.index(": " + json.dumps(fields[k], ensure_ascii=False), answer.index(json.dumps(k))) + 2
+                  + isinstance(fields[k], str), str(fields[k])) for k in keys]
+            return text, spans, demo_pointers.copy_pointers(text, (asked, asked + len(question)), body, pieces)
         return self.pack(make, length)
 
     def code_edit(self, length):
@@ -411,7 +419,9 @@ class ChatData:
             answer = re.sub(r"\b" + old + r"\b", new, code)
             text, spans = self.render([{"role": "user", "content": ask + "\n\n" + code}], answer,
                                       kwargs={"enable_thinking": False})
-            return text, copy_spans(text, spans[0][0], answer, 8)
+            body, asked = text.rindex(answer), text.rindex(code, 0, spans[0][0])
+            return text, copy_spans(text, spans[0][0], answer, 8), \
+                demo_pointers.copy_pointers(text, (asked, asked + len(code)), body, [(0, code[:8])])
         return self.pack(make, length)
 
     def doc_chat(self, length):
@@ -494,7 +504,7 @@ class ChatData:
             x[b, :n] = torch.tensor(ids[:-1])
             y[b, :n] = torch.tensor(ids[1:])
             kinds[b, :n] = torch.tensor(kind[1:])
-            pointers += [(b, hop, q, t) for hop, q, t in (p[0] if p else []) if q < n]
+            pointers += [(b, hop, q, t, ids[c]) for hop, q, t, c in (p[0] if p else []) if q < n]
         return x, y, kinds, pointers
 
 

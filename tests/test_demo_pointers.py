@@ -52,6 +52,9 @@ def test_each_hop_of_a_call_points_where_the_call_reads_from(chat_tok):
         said.setdefault(p["hop"], []).append((text[a:b], how, [text[c:d] for c, d in p["targets"]]))
     # every token of a tool's line after its name looks at the name's first character
     assert [t for _, _, t in said["name_of"]] == [["g"], ["f"]]
+    # what each hop carries: the chosen name's first character, or the character written next
+    carried = {p["hop"]: text[p["carry"]] for p in found if p["hop"] != "name_of"}
+    assert carried == {"match": "g", "choose": "g", "parameter": "c", "value": "P"}
     assert all('"description": "' in q and q.endswith("}}") for q, _, _ in said["name_of"])
     # the question's word shared with the chosen description alone (not "the", not the value)
     assert said["match"] == [("weather", "all", ["weather"])]
@@ -80,17 +83,20 @@ def test_character_pointers_become_token_pointers_before_and_at_their_spans(chat
     enc = Tokenizer.from_file(str(chat_tok.path)).encode(text)
     tokens = pointers.to_tokens(found, enc.offsets, len(enc.ids))
     decode = lambda i: chat_tok.decode([enc.ids[i]])  # noqa: E731
-    for hop, q, targets in tokens:
+    for hop, q, targets, carry in tokens:
         assert all(t <= q for t in targets)
+        if hop in ("choose", "value", "parameter"):
+            assert carry == q + 1                    # the token this position writes
         if hop == "value":
             assert decode(q + 1).startswith("P") or decode(q + 1) == '"'
             assert decode(targets[0]).strip().startswith("P")
     # cut at a length: nothing points past it
-    assert all(q < 100 for _, q, _ in pointers.to_tokens(found, enc.offsets, 100))
+    assert all(q < 100 and c < 100 for _, q, _, c in pointers.to_tokens(found, enc.offsets, 100))
 
 
-def test_the_pointer_loss_is_minus_log_of_the_heads_own_attention_on_the_targets():
+def test_the_pointer_loss_is_minus_log_of_the_heads_own_attention_on_the_targets(monkeypatch):
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(pointers, "CARRY_WEIGHT", 0.0)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -100,11 +106,11 @@ def test_the_pointer_loss_is_minus_log_of_the_heads_own_attention_on_the_targets
     model = Qwen3ForCausalLM(config)
     loss_of = pointers.PointerLoss(model)
     x = torch.randint(0, 64, (2, 20))
-    asked = [(0, "choose", 12, [3, 4]), (1, "choose", 19, [0]), (1, "name_of", 7, [2])]
+    asked = [(0, "choose", 12, [3, 4], 5), (1, "choose", 19, [0], 6), (1, "name_of", 7, [2], 7)]
     out = model(input_ids=x, output_attentions=True)
     loss, mass = loss_of(asked)
     expect = {}
-    for row, hop, q, targets in asked:
+    for row, hop, q, targets, _ in asked:
         layer, head = pointers.HOPS[hop]
         expect.setdefault(hop, []).append(out.attentions[layer][row, head, q, targets].sum().log())
     want = torch.stack([-torch.stack(v).mean() for v in expect.values()]).mean()
@@ -123,13 +129,16 @@ def test_gradient_descent_on_the_pointer_loss_moves_attention_onto_the_targets()
     loss_of = pointers.PointerLoss(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     x = torch.randint(0, 64, (1, 24))
-    asked = [(0, "match", 20, [5])]
-    masses = []
-    for _ in range(60):
+    asked = [(0, "match", 20, [5], 9), (0, "match", 21, [5], 9)]
+    masses, carried = [], []
+    for _ in range(80):
         model(input_ids=x)
-        loss, mass = loss_of(asked)
-        masses.append(mass["match"])
+        loss, stats = loss_of(asked)
+        masses.append(stats["match"])
+        carried.append(stats["match carried"])
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert masses[0] < 0.2 and masses[-1] > 0.8
+    # and what the head writes reads as the carried token (9) through the final norm and the embedding
+    assert carried[0] < 1 and carried[-1] == 1
