@@ -43,7 +43,7 @@ POINTER_WEIGHT = 1.0
 # came first in training (attention on the targets 0.8-0.99 after 40 minutes) while the held-out
 # first name token stayed at 0.47: the heads looked at the right tokens without bringing back
 # the name.
-CARRY_WEIGHT = 0.5
+CARRY_WEIGHT = 1.0
 # Words that tell nothing about which tool is meant.
 STOP = {"the", "a", "an", "of", "for", "to", "in", "on", "at", "is", "it", "its", "what", "me", "my", "by",
         "and", "or", "one", "given", "do", "does", "you", "i", "please", "can", "could", "how", "which", "s"}

@@ -91,7 +91,12 @@ QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you chec
              "Get me the {t} of {v}.", "The {v} {t}, please.", "How high is the {t} at {v}?",
              "{t} for {v}?", "Could you tell me the {t} in {v} right now?", "My {v}: what {t} does it have?",
              "What does the {v} {t} say?", "How is {v} doing on {t}?", "Is the {t} of {v} known yet?",
-             "Tell me about the {t} of my {v}.", "Which {t} is set for {v}?", "For {v}, what is the {t}?"]
+             "Tell me about the {t} of my {v}.", "Which {t} is set for {v}?", "For {v}, what is the {t}?",
+             # words after the value (where it ends is not where the question does)
+             "What is the {t} of {v} today?", "Tell me the {t} of {v} right now.", "Check the {t} of {v} for me.",
+             "Could you look up the {t} of {v} at the moment?", "Give me the {t} of {v} please.",
+             "How is the {t} of {v} looking today?", "I wonder about the {t} of {v} this week.",
+             "The {t} of {v}, if you can.", "Is the {t} of {v} high today?", "What {t} does {v} have these days?"]
 VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}.",
                   "{V} the {v}.", "I want to {verb} {v}.", "Please {verb} the {v}.", "Could you {verb} the {v} now?"]
 ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
