@@ -333,7 +333,7 @@ class ChatData:
             asks = []
             for _ in range(self.rng.randint(1, 6)):
                 pick, value = self.rng.choice(tools), self.tools.made_up_value(self.rng)
-                question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value)
+                question = self.rng.choice(self.tools.QUESTIONS).format(t=pick["topic"], v=value, p=pick["parameter"])
                 text += "<|im_start|>user\n"
                 asks.append(((len(text), len(text) + len(question)), len(text) + len(question) + len(END_OF_TURN)
                              + 1 + len(TURN), pick["name"], pick["parameter"], value))
@@ -751,7 +751,11 @@ def run_chat_stage(args, base_module, log) -> None:
     plain, spaced = (torch.tensor(ids) for ids in twin_pairs(tok.get_vocab()))
     embed = model.get_input_embeddings().weight
     log(f"chat stage: {len(plain)} twin pieces, cosine {twin_cosine(embed.data, plain, spaced):.2f}")
-    best = {"score": -1.0, "state": None, "step": 0}
+    # the best checkpoint so far (keep_best), kept on disk so that a resumed run still knows it
+    best_path = work / "best_checkpoint.pt"
+    best = torch.load(best_path, weights_only=False) if best_path.exists() and not args.fresh else \
+        {"score": -1.0, "state": None, "step": 0}
+    best["path"] = best_path
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
     sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
@@ -861,7 +865,9 @@ def keep_best(best: dict, model, step: int, score: float, recall: float, log) ->
     among those that keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back
     in one run), so the last step is not necessarily the one to ship."""
     if recall >= KEEP_RECALL and score > best["score"]:
+        import torch
         best.update(score=score, step=step, state={k: v.detach().clone() for k, v in model.state_dict().items()})
+        torch.save({k: best[k] for k in ("score", "step", "state")}, best["path"])
         log(f"chat step {step:5d} is the best so far (score {score:.2f}, recall {recall:.2f})")
 
 

@@ -96,7 +96,10 @@ QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you chec
              "What is the {t} of {v} today?", "Tell me the {t} of {v} right now.", "Check the {t} of {v} for me.",
              "Could you look up the {t} of {v} at the moment?", "Give me the {t} of {v} please.",
              "How is the {t} of {v} looking today?", "I wonder about the {t} of {v} this week.",
-             "The {t} of {v}, if you can.", "Is the {t} of {v} high today?", "What {t} does {v} have these days?"]
+             "The {t} of {v}, if you can.", "Is the {t} of {v} high today?", "What {t} does {v} have these days?",
+             # a word for what the value is, before it (the parameter's name)
+             "What is the {t} of the {p} {v}?", "Check the {t} for {p} {v}.", "Tell me the {t} of {p} {v} today.",
+             "I need the {t} of the {p} called {v}.", "For the {p} {v}, what is the {t}?", "The {t} of {p} {v}, please."]
 VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}.",
                   "{V} the {v}.", "I want to {verb} {v}.", "Please {verb} the {v}.", "Could you {verb} the {v} now?"]
 ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
@@ -259,7 +262,7 @@ def tool_sample(rng: random.Random):
     if not same_verb and pick["verb"] in pick["name"] and rng.random() < 0.2:   # it names what to do, not the topic
         question = rng.choice(VERB_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], v=value)
     else:
-        question = rng.choice(QUESTIONS).format(t=pick["topic"], v=value)
+        question = rng.choice(QUESTIONS).format(t=pick["topic"], v=value, p=pick["parameter"])
     thinking = rng.random() < 0.5
     messages, schemas, reply, kwargs = tool_conversation(rng, tools, pick, value, question, thinking)
     if rng.random() < 0.3:               # the round trip: the call was made, the result came back

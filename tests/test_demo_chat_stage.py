@@ -47,9 +47,9 @@ def test_the_loss_pulls_twins_together_under_gradient_descent():
     assert stage.twin_loss(weight, plain, spaced).item() < 0.05 * before
 
 
-def test_keep_best_needs_the_recall_and_a_better_score():
+def test_keep_best_needs_the_recall_and_a_better_score(tmp_path):
     model = torch.nn.Linear(2, 2)
-    best, lines = {"score": -1.0, "state": None, "step": 0}, []
+    best, lines = {"score": -1.0, "state": None, "step": 0, "path": tmp_path / "best.pt"}, []
     stage.keep_best(best, model, 10, 1.5, stage.KEEP_RECALL - 0.1, lines.append)
     assert best["state"] is None                               # lost retrieval: never shipped
     stage.keep_best(best, model, 20, 1.0, stage.KEEP_RECALL, lines.append)
@@ -62,6 +62,8 @@ def test_keep_best_needs_the_recall_and_a_better_score():
     assert best["step"] == 20
     stage.keep_best(best, model, 40, 1.2, 0.9, lines.append)
     assert best["step"] == 40 and len(lines) == 2
+    saved = torch.load(best["path"], weights_only=False)      # on disk too, for a resumed run
+    assert saved["step"] == 40 and torch.equal(saved["state"]["weight"], model.weight)
 
 
 class _Pools:
