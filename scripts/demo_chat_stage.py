@@ -129,6 +129,8 @@ WARMUP_STEPS = 50
 # The twin loss's weight: strong enough that the letter pieces' twins line up within a few hundred
 # steps, as the values and names copied in the first minutes need them to.
 TWIN_WEIGHT = 2.0
+# The reply's first answer token (start_span), on top of its share of the reply's loss.
+START_WEIGHT = 2.0
 # A checkpoint counts as the best so far only with needle recall at least this (the shipped model's
 # 0.80 at 1024, 5 haystacks): the stage must not trade retrieval for tool calls.
 KEEP_RECALL = 0.8
@@ -145,9 +147,14 @@ def extend_tokenizer(src_dir: Path, out_dir: Path):
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     config = json.loads((src_dir / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
+    config.update(chat_template=TEMPLATE, tokenizer_class=tokenizer_class())
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return tok
+
+
+def tokenizer_class() -> str:
+    import train_demo_model
+    return train_demo_model.TOKENIZER_CLASS
 
 
 def grow_vocab(model, vocab: int):
@@ -255,13 +262,28 @@ def lean_schema(schema: dict) -> dict:
         "type": "object", "properties": params, "required": f["parameters"]["required"]}}}
 
 
+def start_span(text: str, reply: int) -> tuple[int, int, str]:
+    """The loss span of a reply's first answer token (after the thought, if there is one): the
+    token that decides between a tool call and an answer. Weighted apart (START_WEIGHT): among
+    all the reply's tokens its loss is small, and a model that starts every reply with
+    `<tool_call>`, tools offered or not, copies a quote perfectly after that wrong start."""
+    if text.startswith("<think>", reply):
+        reply = text.index("</think>", reply) + len("</think>\n\n")
+    return (reply, reply + 1, "start")
+
+
+def reply_at(spans) -> int:
+    """Where the reply starts: the first reply span render() returns (its start span aside)."""
+    return next(s for s, _, k in spans if k == "ans")
+
+
 def copy_spans(text: str, reply: int, answer: str, head: int) -> list[tuple[int, int, str]]:
     """Loss spans of a reply that copies its context (text[reply:] ends with `answer` and the
     end of turn): the copy is language (its own mean loss, so long copies do not drown the short
     replies); its first `head` characters, which decide to start it, and the end of the turn
     after it are the reply."""
     body = text.rindex(answer)
-    return [(reply, body + head, "ans"), (body + head, body + len(answer), "lm"),
+    return [start_span(text, reply), (reply, body + head, "ans"), (body + head, body + len(answer), "lm"),
             (body + len(answer), len(text), "ans")]
 
 
@@ -287,7 +309,7 @@ class ChatData:
                 spans.append((at, at + len(old) + len(END_OF_TURN), "ans"))
                 at += len(old)
         listing = description_spans(text, len(prompt)) if tools else []
-        return text, value_spans(text, len(prompt), values) + spans + listing
+        return text, [start_span(text, len(prompt))] + value_spans(text, len(prompt), values) + spans + listing
 
     def pack(self, make, length):
         """Samples from make() joined as the template joins turns, until about `length` tokens.
@@ -372,8 +394,8 @@ class ChatData:
                 answer = passage
             text, spans = self.render([{"role": "user", "content": question}], answer,
                                       kwargs={"enable_thinking": False})
-            body, asked = text.rindex(answer), text.rindex(passage, 0, spans[0][0])
-            return text, copy_spans(text, spans[0][0], answer, min(len(answer), 12)), \
+            body, asked = text.rindex(answer), text.rindex(passage, 0, reply_at(spans))
+            return text, copy_spans(text, reply_at(spans), answer, min(len(answer), 12)), \
                 demo_pointers.copy_pointers(text, (asked, asked + len(passage)), body, [(0, passage[:12])])
         return self.pack(make, length)
 
@@ -419,8 +441,8 @@ class ChatData:
             answer = re.sub(r"\b" + old + r"\b", new, code)
             text, spans = self.render([{"role": "user", "content": ask + "\n\n" + code}], answer,
                                       kwargs={"enable_thinking": False})
-            body, asked = text.rindex(answer), text.rindex(code, 0, spans[0][0])
-            return text, copy_spans(text, spans[0][0], answer, 8), \
+            body, asked = text.rindex(answer), text.rindex(code, 0, reply_at(spans))
+            return text, copy_spans(text, reply_at(spans), answer, 8), \
                 demo_pointers.copy_pointers(text, (asked, asked + len(code)), body, [(0, code[:8])])
         return self.pack(make, length)
 
@@ -436,10 +458,10 @@ class ChatData:
             question = self.rng.choice(["What does {} do?", "Explain {}.", "Tell me about {}.", "What is {}?"])
             text, spans = self.render([{"role": "user", "content": question.format(name)}], reply, offered or None,
                                       {"enable_thinking": thinking})
-            start = spans[0][0]
+            start = reply_at(spans)
             body = text.rindex(answer)
             # the thought and the end of turn are the reply; the docstring is language
-            return text, [(start, body, "ans"), (body, body + len(answer), "lm"),
+            return text, [spans[0], (start, body, "ans"), (body, body + len(answer), "lm"),
                           (body + len(answer), len(text), "ans")]
         return self.pack(make, length)
 
@@ -758,7 +780,7 @@ def run_chat_stage(args, base_module, log) -> None:
     best["path"] = best_path
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
-    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
+    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
     # the hops of a call taught by their attention (demo_pointers), on a model grown to their layers
     pointer_loss = demo_pointers.PointerLoss(model) if model.config.num_hidden_layers == demo_pointers.LAYERS else None
     log(f"chat stage: attention pointers {'on: ' + str(demo_pointers.HOPS) if pointer_loss else 'off'}")
@@ -784,12 +806,15 @@ def run_chat_stage(args, base_module, log) -> None:
             sums["hop_n"][hop] = sums["hop_n"].get(hop, 0) + 1
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
         lm_mask, ans_mask, value_mask = (kinds == 1).float(), (kinds >= 2).float(), (kinds == 3).float()
+        start_mask = (kinds == 4).float()
+        start_loss = (ce * start_mask).sum() / start_mask.sum().clamp(min=1)
         lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
         ans_loss = (ce * ans_mask).sum() / ans_mask.sum().clamp(min=1)
         value_loss = (ce * value_mask).sum() / value_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         twins = twin_loss(embed, plain, spaced)
-        loss = lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + (0 if opening else TWIN_WEIGHT) * twins
+        loss = lm_loss + ans_loss + base_module.VALUE_WEIGHT * value_loss + START_WEIGHT * start_loss + \
+            (0 if opening else TWIN_WEIGHT) * twins
         if pointed is not None and not opening:
             loss = loss + demo_pointers.POINTER_WEIGHT * pointed
         loss.backward()
@@ -801,8 +826,11 @@ def run_chat_stage(args, base_module, log) -> None:
         step += 1
         elapsed = time.time() - t_start
         with torch.no_grad():
-            acc = ((logits.argmax(-1) == y).float() * value_mask).sum() / value_mask.sum().clamp(min=1)
+            right = (logits.argmax(-1) == y).float()
+            acc = (right * value_mask).sum() / value_mask.sum().clamp(min=1)
+            started = (right * start_mask).sum() / start_mask.sum().clamp(min=1)
         sums["lm"] += lm_loss.item(); sums["ans"] += ans_loss.item(); sums["acc"] += acc.item(); sums["n"] += 1
+        sums["start"] += started.item()
         sums["twin"] += twins.item()
         if opening:
             opening_losses = (opening_losses + [lm_loss.item()])[-20:]
@@ -815,9 +843,9 @@ def run_chat_stage(args, base_module, log) -> None:
             n = sums["n"]
             hops = " ".join(f"{h} {sums['hops'][h] / sums['hop_n'][h]:.2f}" for h in sums["hops"])
             log(f"chat step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
-                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}  twin {sums['twin'] / n:.3f}"
+                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}  start_acc {sums['start'] / n:.2f}  twin {sums['twin'] / n:.3f}"
                 + (f"  attention on targets: {hops}" if hops else ""))
-            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
+            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
@@ -880,11 +908,28 @@ def export(model, tok_dir: Path, out_dir: Path, work: Path, base_module) -> None
     shutil.rmtree(out_dir / ".appliance-cache", ignore_errors=True)   # quantized weights of the old model
     model.to(torch.bfloat16).save_pretrained(out_dir)
     model.to(torch.float32)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok_dir / name, out_dir / name)
+    shutil.copy(tok_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = base_module.TOKENIZER_CLASS
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     (out_dir / "generation_config.json").write_text(json.dumps(base_module.GENERATION_CONFIG, indent=1))
     # the shipped log (every earlier run), then this stage's
     earlier = work / "base_train_log.txt"
     chat_log = work / "train.log"
     (out_dir / "train_log.txt").write_text((earlier.read_text() if earlier.exists() else "")
-                                           + (chat_log.read_text() if chat_log.exists() else ""))
+                                           + (thin_log(chat_log.read_text()) if chat_log.exists() else ""))
+
+
+_STEP_LINE = re.compile(r"chat step +(\d+) +[\d.]+ min ")
+LOG_EVERY = 200        # steps between the loss lines the shipped log keeps (the run logs every 10)
+
+
+def thin_log(text: str) -> str:
+    """The run's log for the shipped model: every line but the loss lines, one loss line every
+    LOG_EVERY steps (a run of hours logs tens of thousands, and the checkpoint lines say more)."""
+    kept = []
+    for line in text.splitlines(keepends=True):
+        m = _STEP_LINE.search(line)
+        if m is None or int(m.group(1)) % LOG_EVERY == 0:
+            kept.append(line)
+    return "".join(kept)

@@ -90,6 +90,11 @@ GENERATION_CONFIG = {"eos_token_id": [2, 0], "do_sample": True, "temperature": 0
 
 
 # ---- text ------------------------------------------------------------------------------------
+# transformers' generic fast tokenizer: it reads tokenizer.json as it is. Named Qwen2Tokenizer,
+# transformers 5 rebuilds the pre-tokenizer with Qwen2's own split pattern, so transformers
+# users got other tokens (".\n\n" as ". ĊĊ", not ". Ċ Ċ") than the engine and training use.
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
 def stdlib_docs() -> list[tuple[str, str]]:
     """(qualified name, docstring) of modules, classes, functions and methods, deduplicated."""
     seen, out = set(), []
@@ -146,7 +151,7 @@ def train_tokenizer(texts: list[str], out: Path):
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "chat_template": CHATML, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "bos_token": None, "model_max_length": 8192, "tokenizer_class": "Qwen2Tokenizer"}, indent=1))
+        "bos_token": None, "model_max_length": 8192, "tokenizer_class": TOKENIZER_CLASS}, indent=1))
     return tok
 
 
@@ -174,7 +179,7 @@ class Data:
 
     def encode(self, text, spans, length):
         enc = self.tok.encode(text)
-        code = {"none": 0, "lm": 1, "ans": 2, "value": 3}
+        code = {"none": 0, "lm": 1, "ans": 2, "value": 3, "start": 4}
         kinds = [next((code[k] for s, e, k in spans if s <= a < e), 0) for a, _ in enc.offsets]
         return enc.ids[:length], kinds[:length]
 

@@ -149,3 +149,24 @@ def test_fresh_layers_leave_the_grown_model_computing_what_it_did():
         # fresh: the new layer's attention is not its neighbour's (a copy would relearn the same patterns)
         assert not torch.equal(layers[1].self_attn.q_proj.weight, layers[0].self_attn.q_proj.weight)
     assert [layer.self_attn.layer_idx for layer in layers] == [0, 1, 2, 3, 4]
+
+
+def test_the_start_span_is_the_answers_first_character_after_any_thought():
+    prompt = "<|im_start|>assistant\n"
+    plain = prompt + "<tool_call>\n{...}"
+    assert stage.start_span(plain, len(prompt)) == (len(prompt), len(prompt) + 1, "start")
+    thought = prompt + "<think>\nI will call it.\n</think>\n\n<tool_call>"
+    at = thought.index("<tool_call>")
+    assert stage.start_span(thought, len(prompt)) == (at, at + 1, "start")
+    spans = [stage.start_span(plain, len(prompt)), (len(prompt) + 3, len(prompt) + 5, "value"),
+             (len(prompt), len(plain), "ans")]
+    assert stage.reply_at(spans) == len(prompt)
+
+
+def test_the_shipped_log_keeps_every_checkpoint_line_and_a_loss_line_every_few_hundred_steps():
+    lines = [f"12:00:00 chat step {s:5d}  {s / 100:5.1f} min  T= 512  lm_loss 1.0\n" for s in range(10, 1010, 10)]
+    lines.insert(50, "12:00:00 chat step   500 call parts right (teacher-forced), held-out: first 0.50\n")
+    thinned = stage.thin_log("".join(lines)).splitlines()
+    assert [int(line.split()[3]) for line in thinned if " min " in line] == \
+        [s for s in range(10, 1010, 10) if s % stage.LOG_EVERY == 0]
+    assert any("call parts right" in line for line in thinned)
