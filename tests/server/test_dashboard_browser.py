@@ -122,7 +122,8 @@ def test_dashboard_chat_reasoning_tool_calls_and_thinking_switch(idle_server):
                  {"reasoning_content": "big cores."}, {"content": "Let me read it."},
                  {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                   "function": {"name": "read_board_sensor", "arguments": ""}}]},
-                 {"tool_calls": [{"index": 0, "function": {"arguments": '{"sensor": "bigcore0"}'}}]},
+                 # the zone named as a model may name it
+                 {"tool_calls": [{"index": 0, "function": {"arguments": '{"sensor": "Bigcore0 sensor"}'}}]},
                  finish="tool_calls")
     second = _sse({"role": "assistant", "content": ""}, {"content": "The big cores are warm."}, finish="stop")
     bodies = []
@@ -158,7 +159,7 @@ def test_dashboard_chat_reasoning_tool_calls_and_thinking_switch(idle_server):
             assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": True}
             history = bodies[1]["messages"]
             assert [m["role"] for m in history] == ["user", "assistant", "tool"]
-            assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"sensor": "bigcore0"}'
+            assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"sensor": "Bigcore0 sensor"}'
             assert history[1]["reasoning_content"] == "The user asks about the big cores."
             result = _json.loads(history[2]["content"])
             assert history[2]["tool_call_id"] == "call_1" and result["sensor"] == "bigcore0-thermal"

@@ -226,9 +226,11 @@
     let args;
     try { args = JSON.parse(call.arguments || "{}"); } catch (e) { return {error: "arguments are not JSON"}; }
     const zones = (state.sensors && state.sensors.zones) || [];
-    const want = String(args.sensor || "").toLowerCase().replace(/[-_ ]?thermal$/, "");
-    const zone = zones.find(z => z.zone.toLowerCase().startsWith(want)) ||
-      zones.find(z => want && z.zone.toLowerCase().includes(want));
+    // "soc", "SoC sensor", "soc-thermal" all name the zone soc-thermal: compare bare letters and digits
+    const bare = s => String(s).toLowerCase().replace(/\b(sensor|thermal|zone)\b/g, "").replace(/[^a-z0-9]+/g, "");
+    const want = bare(args.sensor || "");
+    const zone = zones.find(z => want && bare(z.zone).startsWith(want)) ||
+      zones.find(z => want && bare(z.zone).includes(want));
     if (!zone) return {error: `no sensor ${JSON.stringify(args.sensor)}`, sensors: zones.map(z => z.zone)};
     return {sensor: zone.zone, celsius: zone.temp_c};
   }
