@@ -231,6 +231,20 @@ def parse_tool_choice(body: dict, tools: list[dict] | None) -> ToolChoice:
     return ToolChoice("function", fn["name"])
 
 
+CALL_TAG = "<tool_call>"
+
+
+def without_calls(tokenizer, offered: list[dict] | None, logit_bias: dict[int, float] | None):
+    """The request's logit_bias, with the tag that opens a tool call banned when no tool is
+    offered (none given, or tool_choice "none"). A started call is held to the offered
+    functions (structured.chat_grammar); with none offered no call can be right, and a model's
+    stray `<tool_call>` would reach the client as text. A bias the request sets on the tag wins."""
+    tag = tokenizer.token_to_id(CALL_TAG)
+    if offered or tag is None or (logit_bias and tag in logit_bias):
+        return logit_bias
+    return {**(logit_bias or {}), tag: -100.0}
+
+
 # ---- the template ------------------------------------------------------------------------------
 
 def template_kwargs(body: dict, defaults: dict | None) -> dict:

@@ -301,6 +301,7 @@ def parse_chat(body: dict, engine, image_policy=None, serving: ServingDefaults |
     params = sampling_params(body, engine, len(prompt_ids), (top or 0) if want_logprobs else None,
                              thinking=thinking, max_thinking_tokens=budget if thinking else None,
                              grammar=grammar)
+    params.logit_bias = chat.without_calls(engine.tokenizer, offered, params.logit_bias)
     params.speculative = speculative_params.parse(body, serving)
     return GenerationRequest("chat", model, prompt_ids, params, stream, include_usage,
                              want_logprobs, top or 0, images or None,
