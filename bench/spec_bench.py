@@ -110,7 +110,7 @@ def timed_run(engine, prompt, max_tokens, spec, record=None) -> dict:
         times, ids = [], []
         t0 = time.perf_counter()
         for event in engine.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                                     speculative=spec):
+                                     speculative=spec, logit_bias=served_bias(engine)):
             times.append(time.perf_counter())
             ids.append(event.token_id)
     finally:
@@ -121,6 +121,13 @@ def timed_run(engine, prompt, max_tokens, spec, record=None) -> dict:
             "ttft": times[0] - t0, "steps": len(steps), "drafted": last.draft_tokens or 0,
             "accepted": last.accepted_draft_tokens or 0,
             "pattern": {o: (d, a) for o, d, a in steps if d}}
+
+
+def served_bias(engine):
+    """What the server adds to a chat request that offers no tools (the tag opening a tool call
+    banned), so that the answers timed here are the ones a client gets."""
+    from appliance.server.chat import without_calls
+    return without_calls(engine.tokenizer, None, None)
 
 
 def compare(engine, prompt, args, spec) -> dict:

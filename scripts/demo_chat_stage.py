@@ -272,6 +272,12 @@ def start_span(text: str, reply: int) -> tuple[int, int, str]:
     return (reply, reply + 1, "start")
 
 
+def reply_cuts(spans) -> list[int]:
+    """Where the text is cut before tokenizing (split_encode): at each reply's first answer
+    token, where a served prompt ends."""
+    return [s for s, _, k in spans if k == "start"]
+
+
 def reply_at(spans) -> int:
     """Where the reply starts: the first reply span render() returns (its start span aside)."""
     return next(s for s, _, k in spans if k == "ans")
@@ -320,10 +326,11 @@ class ChatData:
             spans += [(a + len(text), b + len(text), k) for a, b, k in s]
             pointers += demo_pointers.shift(p[0], len(text)) if p else []
             text += t + "\n"
+        cuts = reply_cuts(spans)
         if not pointers:
-            return self.base.encode(text, spans, length)
-        ids, kinds = self.base.encode(text, spans, length)
-        offsets = self.base.tok.encode(text).offsets
+            return self.base.encode(text, spans, length, cuts)
+        ids, kinds = self.base.encode(text, spans, length, cuts)
+        offsets = self.base.split(text, cuts)[1]
         return ids, kinds, demo_pointers.to_tokens(pointers, offsets, len(ids))
 
     # -- tasks
@@ -482,7 +489,7 @@ class ChatData:
             if at >= 0:
                 at += len(TURN) + f["reply"].rindex(f["answer"])
                 spans.insert(0, (at, at + len(f["answer"]), "value"))
-        return self.base.encode(text, spans, length)
+        return self.base.encode(text, spans, length, reply_cuts(spans))
 
     def retrieval(self, length):
         return self.base.retrieval(length)

@@ -155,6 +155,20 @@ def train_tokenizer(texts: list[str], out: Path):
     return tok
 
 
+def split_encode(tok, text: str, cuts=()) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and character offsets of `text` tokenized piece by piece, cut at `cuts`. A served
+    prompt is tokenized without its reply, so where the reply begins the prompt's last piece
+    ends: "</think>\n\n" alone is `</think> ĊĊ`, followed by "The" it is `</think> Ċ Ċ The`.
+    Training on the whole text taught the model `ĊĊ` only before `<tool_call>` (an added token,
+    a cut of its own), and it opened every served reply with a call."""
+    bounds = [0] + sorted(c for c in set(cuts) if 0 < c < len(text)) + [len(text)]
+    ids, offsets = [], []
+    for at, enc in zip(bounds, tok.encode_batch([text[a:b] for a, b in zip(bounds, bounds[1:])])):
+        ids += enc.ids
+        offsets += [(a + at, b + at) for a, b in enc.offsets]
+    return ids, offsets
+
+
 def render(messages: list[dict]) -> tuple[str, list[tuple[int, int, str]]]:
     """ChatML text (exactly CHATML's rendering) and char spans: user content 'lm', answers 'ans'."""
     text, spans = "", []
@@ -177,11 +191,14 @@ class Data:
         self.stream = [i for enc in tok.encode_batch([t + eot for t in texts]) for i in enc.ids]
         self.chat_docs = [(n, d) for n, d in docs if len(d) > 80]
 
-    def encode(self, text, spans, length):
-        enc = self.tok.encode(text)
+    def split(self, text, cuts=()):
+        return split_encode(self.tok, text, cuts)
+
+    def encode(self, text, spans, length, cuts=()):
+        ids, offsets = self.split(text, cuts)
         code = {"none": 0, "lm": 1, "ans": 2, "value": 3, "start": 4}
-        kinds = [next((code[k] for s, e, k in spans if s <= a < e), 0) for a, _ in enc.offsets]
-        return enc.ids[:length], kinds[:length]
+        kinds = [next((code[k] for s, e, k in spans if s <= a < e), 0) for a, _ in offsets]
+        return ids[:length], kinds[:length]
 
     def lm(self, length):
         start = self.rng.randrange(len(self.stream) - length)

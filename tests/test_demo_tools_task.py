@@ -107,3 +107,15 @@ def test_a_tool_drill_row_is_a_listing_then_calls_with_their_values_marked(chat_
     offered = [json.loads(line)["function"]["name"] for line in listing.strip().splitlines()]
     called = [json.loads(c)["name"] for c in tools.call_bodies(text)]
     assert called and set(called) <= set(offered)
+
+
+def test_a_reply_is_tokenized_apart_from_its_prompt_as_a_served_prompt_ends(chat_data):
+    """A quote after thinking-off's empty thought: the prompt's last piece is `ĊĊ`, as the
+    server tokenizes the prompt alone, not `Ċ Ċ` as the whole text would split."""
+    tok = chat_data.chat_tok
+    ids, kinds, _ = chat_data.quote(512)
+    served = tok.encode(tok.apply_chat_template([{"role": "user", "content": "x"}], enable_thinking=False))
+    assert tok.id_to_token(served[-1]) == "\u010a\u010a"
+    starts = [i for i, k in enumerate(kinds) if k == 4]
+    assert starts and all(tok.id_to_token(ids[i - 1]) == "\u010a\u010a" and
+                          tok.id_to_token(ids[i - 2]) == "</think>" for i in starts[:-1] if i < len(ids) - 1)
