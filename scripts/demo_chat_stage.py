@@ -312,7 +312,9 @@ class ChatData:
             at = prompt.find(TURN + old, at)
             if at >= 0:
                 at += len(TURN)
-                spans.append((at, at + len(old) + len(END_OF_TURN), "ans"))
+                # not its first token: after "assistant\n" a reply being written opens with <think>
+                # when thinking is on, while the template writes earlier replies without their thought
+                spans.append((at + 1, at + len(old) + len(END_OF_TURN), "ans"))
                 at += len(old)
         listing = description_spans(text, len(prompt)) if tools else []
         return text, [start_span(text, len(prompt))] + value_spans(text, len(prompt), values) + spans + listing
