@@ -18,9 +18,9 @@ added tokens that decode as text, as in Qwen3's tokenizer) and Qwen3's own chat 
 Each run ends with the held-out measures: tool-call accuracy on the 30 prompts of unseen tools
 (thinking off and on) and torch needle recall, and exports the model to --out.
 
-Not shipped yet. What the runs showed (2 threads, EPYC; "call parts" is call_parts(), logged at
-every checkpoint: teacher-forced, the share of cases whose first name token / later name tokens /
-parameter / value is right):
+The shipped model is the last run below. What the runs showed (2 threads; "call parts" is
+call_parts(), logged at every checkpoint: teacher-forced, the share of cases whose first name
+token / later name tokens / parameter / value is right):
   * 10-16 minutes from the shipped model (lr 3e-4 or 8e-4): 0 of 30 held-out calls; the name is made
     up from the training pool ("describe_denum...") and even with one tool offered the first name
     token is right in 3 of 18 cases. At 8e-4 needle recall through the engine fell from 29 to 7 of 36.
@@ -72,16 +72,34 @@ parameter / value is right):
     its machine before its end. On a Zen 3 (AVX2 only) the same run is 4x slower: the opening took
     387 steps in 14 minutes, and at step 1058 (36 min) recall 0.27, teacher-forced copy 0.65, greedy
     calls 0.00: an hour there is not enough; a run needs about 2 hours of a Zen 4's 2 threads.
+  * The shipped run: each hop of a call taught to one attention head (demo_pointers: name_of,
+    match, choose, value, parameter, with what the head carries held to the token it moves), the
+    twin loss, fresh copy layers (grown to 7), lr 5e-4 cosine, from the shipped 4-layer model; about
+    4.3 hours of a Xeon's 2 threads in nine resumed pieces (the machine restarted; three fixes
+    below went in mid-run). Greedy held-out calls (thinking off) at steps 2433 / 8175 / 14720 /
+    16821 / 22365 / 27706: 0.07 / 0.10 / 0.40 / 0.50 / 0.47 / 0.60; needle recall (torch, 1024)
+    0.27 / 0.87 / 0.87 / 0.87 / 1.00 / 0.93. The copy answers stayed at 0.00 greedy (0.93-0.95
+    teacher-forced) through step 27706, every one opened by `<tool_call>`, tools offered or not.
+    The cause was the tokenizer, not the model: a served prompt is tokenized alone and ends in
+    `</think> ĊĊ`, while the whole training text splits `</think>\n\nThe` as `Ċ Ċ The`; `ĊĊ` there
+    came only before `<tool_call>` (an added token cuts the text). Training on the prompt and the
+    reply tokenized apart (split_encode, at each reply's start span) took the copy share from 0.00
+    to 0.72 within 2400 steps (16 minutes). The other two: the reply's first answer token weighted
+    apart (START_WEIGHT), and no loss on the first token of earlier replies (rendered without their
+    thought, they taught "assistant\n" -> text where a reply with thinking on opens `<think>`).
+    Shipped: step 36257 (the end, lr near 0). Through the server (tests/models/test_demo_chat.py,
+    the tool-call grammar holding a started call to the offered names): held-out calls 0.47
+    thinking off, 0.53 on (the best-scored checkpoint, step 30100: 0.57 / 0.50, but it opened half
+    its thinking-on replies without `<think>`); copy share 0.74; `appliance eval needle`, q8
+    engine, exact attention 1.00 / 1.00 / 1.00 at 512 / 1024 / 2048 (the first stage's model:
+    0.87 / 0.80 / 0.80); bench/spec_bench.py's copy tasks all answered right (quote, rename, JSON).
 What holds it back, and what to try next:
-  * choosing: a description comes after its tool's name, so the question's words (which match the
-    description, not the name: inside a name a word tokenizes apart) lead to a position the name is
-    behind; that needs a look back from every description to its name, which the description loss
-    is meant to train and which is still weak;
-  * values: a value is ` Paris` (space-led tokens) in the question and `"Paris` (no space) in the
-    call, so copying it maps each token to its space-less twin; values of random vocabulary pieces
-    did not teach that in 95 minutes. Next: tie the twins' embeddings (a loss holding E[X] - E[ĠX]
-    near one shared offset), so that one learnt direction, not a map per token, turns a copied
-    piece into its space-less form; and keep the retrieval share higher while it trains.
+  * choosing among unseen tools: the wrong calls pick a tool whose topic word the question does
+    not use literally (play_song for "Play the song Yesterday" goes to define_word, "in French"
+    to define_word, "Define laconic" to get_timezone): training questions always name the topic
+    as the description does; questions that say it another way (a verb, a synonym) are next;
+  * values: most are copied whole now; the misses take a word beside the value ("gu sensor",
+    "echo ephemeral") or garble a short one ("mantery" for tablet).
 """
 from __future__ import annotations
 
@@ -852,7 +870,8 @@ def run_chat_stage(args, base_module, log) -> None:
             n = sums["n"]
             hops = " ".join(f"{h} {sums['hops'][h] / sums['hop_n'][h]:.2f}" for h in sums["hops"])
             log(f"chat step {step:5d} {elapsed / 60:5.1f} min  T={length:4d}  lr {lr:.2e}  lm_loss {sums['lm'] / n:.3f}"
-                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}  start_acc {sums['start'] / n:.2f}  twin {sums['twin'] / n:.3f}"
+                f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}"
+                f"  start_acc {sums['start'] / n:.2f}  twin {sums['twin'] / n:.3f}"
                 + (f"  attention on targets: {hops}" if hops else ""))
             sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
         if time.time() - t_ckpt > args.checkpoint_min * 60:

@@ -25,11 +25,17 @@ The machine is shared: one torch thread, run under `nice -n 19`, a wall-clock bu
 
     nohup nice -n 19 .venv/bin/python scripts/train_demo_model.py --budget-min 40 > /tmp/train.out 2>&1 &
 
-The shipped model (its log, all runs, is appliance/demo_model/train_log.txt): 30 minutes on a
+This first stage (its log, all runs, opens appliance/demo_model/train_log.txt): 30 minutes on a
 niced third of a core with number values; resumed with word values (--budget-min 95, one thread)
 to minute 55; resumed again with the 55% mix below (--budget-min 100 --threads 2) to minute 100:
 9208 steps. Torch greedy needle recall at the end: 0.70 / 0.83 / 0.80 / 0.63 at 256 / 512 / 1024
 / 2048 tokens (10 held-out haystacks x 3 facts each).
+
+The shipped model is that one grown to 7 layers and trained further in Qwen3's chat format
+(`--stage chat --layers 7`, scripts/demo_chat_stage.py, where its runs are written up):
+
+    .venv/bin/python scripts/train_demo_model.py --stage chat --layers 7 --threads 2 --budget-min 258 \
+        --run-min 258 --lr 5e-4 --work /tmp/chat --out appliance/demo_model --resume-from appliance/demo_model
 """
 from __future__ import annotations
 

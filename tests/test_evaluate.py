@@ -18,13 +18,16 @@ from appliance.cli.evaluate import (ATTRIBUTES, DEPTHS, PLACES, THINGS, VALUES, 
 from appliance.engine.sampling import log_softmax
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import CHATML, SPECIAL  # noqa: E402
+from tiny_models import SPECIAL  # noqa: E402
+
+QWEN3_TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen3" / "chat_template.jinja").read_text()
+QWEN3_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 # The floor the demo model must meet at its trained context (1024), exact attention, q8 engine.
-# The shipped model recalled 80% at 1024 in torch at the end of training (30 haystack questions,
-# appliance/demo_model/train_log.txt); the q8 engine recalls 29 of these 36 questions (0.81).
-# A floor at the mean itself fails on a rounding: 12 questions gave 10 on one x86 machine and 9
-# on another, so the floor sits two questions below the measured 29 of 36. Broken attention
+# The shipped model recalled 1.00 at 1024 in torch at the end of training (5 haystacks,
+# appliance/demo_model/train_log.txt); the q8 engine recalls 35 of these 36 questions (0.97).
+# The floor stays where the first stage's model was (0.75, 27 of 36): a model retrained for chat
+# must not lose retrieval below it, and 12 questions have moved by one between x86 machines. Broken attention
 # recalls nothing (k <= 2 in the README's table). DEMO_RETRIEVES = False skips this for a model
 # that does not retrieve.
 RECALL_FLOOR = 0.75
@@ -55,11 +58,25 @@ def test_demo_model_is_a_small_hugging_face_qwen3():
     config = json.loads((d / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["tie_word_embeddings"]
     assert all(config[k] % 32 == 0 for k in ("hidden_size", "intermediate_size", "head_dim"))
-    assert json.loads((d / "tokenizer_config.json").read_text())["chat_template"] == CHATML
+    # Qwen3's own hybrid-thinking template with tools, and Qwen3's tags as added tokens
+    assert json.loads((d / "tokenizer_config.json").read_text())["chat_template"] == QWEN3_TEMPLATE
     vocab = json.loads((d / "tokenizer.json").read_text())
-    assert [t["content"] for t in vocab["added_tokens"]] == SPECIAL
+    assert [t["content"] for t in vocab["added_tokens"]] == SPECIAL + QWEN3_TAGS
     assert (d / "generation_config.json").exists()
-    assert (d / "model.safetensors").stat().st_size < 10 * 2**20
+    assert (d / "model.safetensors").stat().st_size < 16 * 2**20
+
+
+def test_transformers_tokenizes_the_demo_model_as_the_engine_does():
+    """The ids the model was trained on: transformers must not swap in another split pattern."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
+    ours = Engine.load(None, max_context=512, progress=False).tokenizer
+    messages = [{"role": "user", "content": "Quote it.\n\nThe step budget, 512 tokens.\n\n  Done."}]
+    text = ours.apply_chat_template(messages, enable_thinking=False)
+    assert text == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                          enable_thinking=False)
+    assert hf(text)["input_ids"] == ours.encode(text)
 
 
 def test_planted_facts_sit_at_their_depths():
