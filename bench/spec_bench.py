@@ -1,8 +1,8 @@
 """Speculative decoding by prompt lookup: decode tokens/s with and without, per task and model.
 
 Tasks (chat prompts): copying their context, quoting a passage, editing a function, extracting
-fields to JSON and restating planted facts (what the demo model was trained to do; it does not
-follow the other three instructions, so their answers copy little), and one of free writing.
+fields to JSON and restating planted facts (all four trained into the demo model, which answers
+them right), and one of free writing.
 Models:
   * the demo model (appliance/demo_model), whose answers really copy: prompt lookup as served
     (adaptive drafting, `--num-tokens` K), its greedy output checked identical with and without;
