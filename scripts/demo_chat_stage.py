@@ -165,14 +165,9 @@ def extend_tokenizer(src_dir: Path, out_dir: Path):
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     config = json.loads((src_dir / "tokenizer_config.json").read_text())
-    config.update(chat_template=TEMPLATE, tokenizer_class=tokenizer_class())
+    config["chat_template"] = TEMPLATE
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return tok
-
-
-def tokenizer_class() -> str:
-    import train_demo_model
-    return train_demo_model.TOKENIZER_CLASS
 
 
 def grow_vocab(model, vocab: int):
@@ -807,7 +802,7 @@ def run_chat_stage(args, base_module, log) -> None:
     best["path"] = best_path
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
-    sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
+    sums = new_sums()
     # the hops of a call taught by their attention (demo_pointers), on a model grown to their layers
     pointer_loss = demo_pointers.PointerLoss(model) if model.config.num_hidden_layers == demo_pointers.LAYERS else None
     log(f"chat stage: attention pointers {'on: ' + str(demo_pointers.HOPS) if pointer_loss else 'off'}")
@@ -873,7 +868,7 @@ def run_chat_stage(args, base_module, log) -> None:
                 f"  answer_loss {sums['ans'] / n:.3f}  value_acc {sums['acc'] / n:.2f}"
                 f"  start_acc {sums['start'] / n:.2f}  twin {sums['twin'] / n:.3f}"
                 + (f"  attention on targets: {hops}" if hops else ""))
-            sums = {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
+            sums = new_sums()
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
@@ -914,6 +909,11 @@ def run_chat_stage(args, base_module, log) -> None:
     log(f"sample (thinking on): {generate(model, chat_tok, chat_tok.encode(sample), 60)!r}")
     export(model, tok_dir, args.out, work, base_module)
     log(f"saved {args.out}")
+
+
+def new_sums() -> dict:
+    """The running sums behind one logged loss line."""
+    return {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
 
 
 def keep_best(best: dict, model, step: int, score: float, recall: float, log) -> None:

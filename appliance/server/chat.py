@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.server import tool_calls
 from appliance.server.errors import APIError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -231,15 +232,12 @@ def parse_tool_choice(body: dict, tools: list[dict] | None) -> ToolChoice:
     return ToolChoice("function", fn["name"])
 
 
-CALL_TAG = "<tool_call>"
-
-
 def without_calls(tokenizer, offered: list[dict] | None, logit_bias: dict[int, float] | None):
     """The request's logit_bias, with the tag that opens a tool call banned when no tool is
     offered (none given, or tool_choice "none"). A started call is held to the offered
     functions (structured.chat_grammar); with none offered no call can be right, and a model's
     stray `<tool_call>` would reach the client as text. A bias the request sets on the tag wins."""
-    tag = tokenizer.token_to_id(CALL_TAG)
+    tag = tokenizer.token_to_id(tool_calls.START)
     if offered or tag is None or (logit_bias and tag in logit_bias):
         return logit_bias
     return {**(logit_bias or {}), tag: -100.0}

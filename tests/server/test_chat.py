@@ -1,7 +1,8 @@
 """appliance/server/chat.py on its own: what a chat request becomes before the engine sees it."""
 from __future__ import annotations
 
-from appliance.server.chat import CALL_TAG, without_calls
+from appliance.server.chat import without_calls
+from appliance.server.tool_calls import START as CALL_TAG
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
