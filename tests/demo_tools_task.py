@@ -32,7 +32,7 @@ PARAMETERS = ["name", "query", "item", "key", "target", "place", "region", "user
               "path", "host", "port", "channel", "room", "zone", "model", "kind", "entry", "record", "id",
               "handle", "slot", "unit", "node", "site", "area", "group", "team", "product", "order", "ticket",
               "project", "station", "vehicle", "machine", "building", "country", "street", "planet", "animal",
-              "plant", "book", "movie", "artist", "course", "student", "patient", "sample", "batch", "server"]
+              "plant", "novel", "movie", "artist", "course", "student", "patient", "sample", "batch", "server"]
 SYLLABLES = ["ka", "lo", "mi", "ren", "tor", "va", "shi", "dal", "po", "quin", "ber", "sa", "no", "vel", "tra",
              "ze", "mor", "li", "gan", "fu", "ris", "ol", "den", "ya", "cor", "wen", "ta", "ex", "um", "bri"]
 RESULT_KEYS = ["value", "result", "level", "reading", "amount", "answer", "total", "current"]
@@ -102,6 +102,26 @@ QUESTIONS = ["What is the {t} of {v}?", "Tell me the {t} of {v}.", "Can you chec
              "I need the {t} of the {p} called {v}.", "For the {p} {v}, what is the {t}?", "The {t} of {p} {v}, please."]
 VERB_QUESTIONS = ["{V} {v}.", "Can you {verb} {v}?", "Please {verb} {v} for me.", "I want you to {verb} {v}.",
                   "{V} the {v}.", "I want to {verb} {v}.", "Please {verb} the {v}.", "Could you {verb} the {v} now?"]
+# The tool's verb, then the value before the topic (its description leads with that verb).
+VERB_TOPIC_QUESTIONS = ["{V} the {v} {t} for me.", "{V} the {t} of {v} for me.", "Please {verb} the {v} {t}.",
+                        "Can you {verb} the {v} {t}?", "{V} my {v} {t}, please.", "How high is the {v} {t} now?"]
+
+# Tools that act on something (order a part, convert an amount into a currency) rather than look
+# up a property of it: the description leads with the verb, the parameter is where the action goes
+# or what is converted, and users ask in the description's own words, the value sometimes before
+# the topic. No word here is a held-out tool's.
+ACTIONS = ["order", "send", "open", "start", "cancel", "reserve", "buy", "convert", "stream", "print", "rent",
+           "ship", "render", "encode", "cook", "pay", "email", "archive", "install", "restart", "deliver", "mount"]
+ACTION_FORMS = {
+    "{A} a {t} for a {p}": ["{A} a {t} for {v}.", "I need a {t} for {v}, please.", "Can you {a} a {t} for {v}?",
+                            "{A} me a {t} for {v}.", "Is there a {t} for {v}?", "Any {t} for {v}?"],
+    "{A} a {t} to a {p}": ["{A} a {t} to {v}.", "I'd like a {t} to {v}.", "Please {a} a {t} to {v}.",
+                           "Could you {a} me a {t} to {v}?", "A {t} to {v}, please.", "We need a {t} to {v}."],
+    "{A} a {t} by its {p}": ["{A} the {t} {v}.", "{A} the {t} called {v}, please.", "I would like to {a} the {t} {v}.",
+                             "Can you {a} the {t} {v}?", "{A} {v}, the {t}.", "Time to {a} the {t} {v}."],
+    "{A} a {p} into {t}": ["{A} {v} into {t}.", "What would {v} be in {t}?", "{A} {v} to {t}, please.",
+                           "Give me {v} in {t}.", "Can you {a} {v} into {t}?", "{v} in {t}, please."],
+}
 ANSWERS = ["The {t} of {v} is {r}.", "{v} has a {t} of {r}.", "The {t} for {v} is {r}."]
 SYSTEMS = [None, None, "You are a helpful assistant.", "You are an assistant running on an edge board.",
            "Answer briefly."]
@@ -158,6 +178,7 @@ def piece_value(rng: random.Random) -> str:
 # thousands of words the model cannot memorise as a list: copying them is the only way.
 CORPUS_WORDS: list[str] = []
 HELD_OUT_WORDS = {w.lower() for t in HELD_OUT_TOOLS for w in re.split(r"[_ ]", t[0]) + [t[2], t[3]] + t[5]}
+assert not HELD_OUT_WORDS & set(ACTIONS)
 _WORD = re.compile(r"^[a-z]{3,11}$")
 
 
@@ -181,6 +202,40 @@ def training_tool(rng: random.Random) -> dict:
     return make_tool(rng, verb, topic, parameter)
 
 
+def action_tool(rng: random.Random) -> dict:
+    """A tool that does something (ACTION_FORMS), asked for in its description's words."""
+    action, topic, parameter = rng.choice(ACTIONS), _word(rng, TOPICS), _word(rng, PARAMETERS)
+    while parameter == topic:
+        parameter = rng.choice(PARAMETERS)
+    form = rng.choice(list(ACTION_FORMS))
+    if form.endswith("into {t}") and rng.random() < 0.5:     # a language, a format: often capitalised
+        topic = topic.capitalize()
+    style = rng.random()
+    name = opaque_name(rng, action) if style < 0.3 else f"{action}_{topic.lower()}" if style < 0.6 else \
+        f"{action}{topic.capitalize()}" if style < 0.7 else f"{action}_to_{topic.lower()}" if style < 0.85 else \
+        f"{action}_{topic.lower()}_{parameter}"
+    description = form.format(A=action.capitalize(), t=topic, p=parameter)
+    return {"schema": tool_schema(name, description, parameter, f"the {parameter}"), "name": name,
+            "parameter": parameter, "topic": topic, "verb": action, "questions": ACTION_FORMS[form]}
+
+
+def question_for(rng: random.Random, pick: dict, value: str, verb_led: bool = True) -> str:
+    """A question that needs the tool `pick`, in one of the forms its kind is asked in."""
+    if "questions" in pick:
+        return rng.choice(pick["questions"]).format(A=pick["verb"].capitalize(), a=pick["verb"], t=pick["topic"], v=value)
+    if verb_led and pick["description"].lower().startswith(pick["verb"]) and rng.random() < 0.15:
+        return rng.choice(VERB_TOPIC_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], t=pick["topic"],
+                                                       v=value)
+    return rng.choice(QUESTIONS).format(t=pick["topic"], v=value, p=pick["parameter"])
+
+
+def thought_for(pick: dict, value: str) -> str:
+    """The short thought before a call, with thinking on."""
+    if "questions" in pick:
+        return f"The user wants to {pick['verb']} {value}. I will call {pick['name']}."
+    return f"The user asks for the {pick['topic']} of {value}. I will call {pick['name']}."
+
+
 def opaque_name(rng: random.Random, verb: str) -> str:
     """A name that does not spell the topic: the description is the only way to choose it."""
     word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
@@ -200,9 +255,9 @@ def make_tool(rng: random.Random, verb: str, topic: str, parameter: str) -> dict
     description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}",
                               "Get the current {t} for a {p}", "Look up the {t} of a {p}", "{V} a {p}'s {t}",
                               "{V} the {t} level of a {p}", "The {t} of one {p}"])
-    return {"schema": tool_schema(name, description.format(V=verb.capitalize(), t=topic, p=parameter), parameter,
-                                  f"the {parameter}"),
-            "name": name, "parameter": parameter, "topic": topic, "verb": verb}
+    description = description.format(V=verb.capitalize(), t=topic, p=parameter)
+    return {"schema": tool_schema(name, description, parameter, f"the {parameter}"),
+            "name": name, "parameter": parameter, "topic": topic, "verb": verb, "description": description}
 
 
 def call_text(name: str, arguments: dict) -> str:
@@ -222,9 +277,13 @@ def tool_conversation(rng: random.Random, tools: list[dict], pick: dict, value: 
     needs the tool `pick`."""
     system = rng.choice(SYSTEMS)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    thought = f"The user asks for the {pick['topic']} of {value}. I will call {pick['name']}." if thinking else None
+    thought = thought_for(pick, value) if thinking else None
     answer = call_text(pick["name"], {pick["parameter"]: value})
     return messages, [t["schema"] for t in tools], reply_text(answer, thought), {"enable_thinking": thinking}
+
+
+# The share of offered tools that act (action_tool) rather than look up (training_tool).
+ACTION_SHARE = 0.35
 
 
 def distinct_tools(rng: random.Random, n: int, same_verb: bool = False) -> list[dict]:
@@ -233,8 +292,8 @@ def distinct_tools(rng: random.Random, n: int, same_verb: bool = False) -> list[
     alone tells the tools apart, and the question names it."""
     tools: list[dict] = []
     while len(tools) < n:
-        t = training_tool(rng)
-        if same_verb and tools and rng.random() < 0.7:
+        t = action_tool(rng) if rng.random() < ACTION_SHARE else training_tool(rng)
+        if same_verb and tools and "questions" not in t and rng.random() < 0.7:
             t = make_tool(rng, rng.choice(tools)["verb"], t["topic"], t["parameter"])
         if all(t["topic"] != u["topic"] and (same_verb or t["verb"] != u["verb"]) and t["name"] != u["name"]
                for u in tools):
@@ -259,10 +318,11 @@ def tool_sample(rng: random.Random):
     tools = distinct_tools(rng, rng.randint(1, 4), same_verb)
     pick = rng.choice(tools)
     value = made_up_value(rng)
-    if not same_verb and pick["verb"] in pick["name"] and rng.random() < 0.2:   # it names what to do, not the topic
+    if not same_verb and "questions" not in pick and pick["verb"] in pick["name"] and rng.random() < 0.2:
+        # it names what to do, not the topic
         question = rng.choice(VERB_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], v=value)
     else:
-        question = rng.choice(QUESTIONS).format(t=pick["topic"], v=value, p=pick["parameter"])
+        question = question_for(rng, pick, value, verb_led=not same_verb)
     thinking = rng.random() < 0.5
     messages, schemas, reply, kwargs = tool_conversation(rng, tools, pick, value, question, thinking)
     if rng.random() < 0.3:               # the round trip: the call was made, the result came back
@@ -277,8 +337,8 @@ def tool_sample(rng: random.Random):
                           "id": call_id, "type": "function",
                           "function": {"name": pick["name"], "arguments": json.dumps({pick["parameter"]: value})}}]},
                      {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
-        answer = rng.choice(ANSWERS).format(t=pick["topic"], v=value, r=result)
-        thought = f"The tool says the {pick['topic']} of {value} is {result}." if thinking else None
+        answer = rng.choice(ANSWERS).format(t=pick["topic"].lower(), v=value, r=result)
+        thought = f"The tool says the {pick['topic'].lower()} of {value} is {result}." if thinking else None
         reply = reply_text(answer, thought)
         return messages, schemas, reply, kwargs, [value, result]
     return messages, schemas, reply, kwargs, [pick["name"], '"' + pick["parameter"] + '"', value]
