@@ -127,8 +127,8 @@ What holds it back, and what to try next:
     and two-word values before "in French" ("thank you", "good night") fail: two-word values
     are 8% of training's and none precede their topic;
   * more of the same does not move it: the last 40 minutes of this run stayed at 0.50-0.60
-    (torch greedy), so the 0.8 bar needs a new ingredient (likely more capacity in the hops'
-    layers or a second choose head), not more steps.
+    (torch greedy), so the 0.8 bar needs a new ingredient, not more steps: the first is names
+    whose first tokens span the vocabulary, run long enough for the thought to copy them too.
 """
 from __future__ import annotations
 
