@@ -194,19 +194,24 @@ def _word(rng: random.Random, pool: list[str]) -> str:
     return rng.choice(CORPUS_WORDS) if CORPUS_WORDS and rng.random() < 0.6 else rng.choice(pool)
 
 
-def training_tool(rng: random.Random) -> dict:
-    """A tool the model may train on: never a held-out name or parameter."""
-    verb, topic, parameter = rng.choice(VERBS), _word(rng, TOPICS), _word(rng, PARAMETERS)
+def topic_and_parameter(rng: random.Random) -> tuple[str, str]:
+    """A training tool's topic and parameter, never the same word."""
+    topic, parameter = _word(rng, TOPICS), _word(rng, PARAMETERS)
     while parameter == topic:
         parameter = rng.choice(PARAMETERS)
-    return make_tool(rng, verb, topic, parameter)
+    return topic, parameter
+
+
+def training_tool(rng: random.Random) -> dict:
+    """A tool the model may train on: never a held-out name or parameter."""
+    verb = rng.choice(VERBS)
+    return make_tool(rng, verb, *topic_and_parameter(rng))
 
 
 def action_tool(rng: random.Random) -> dict:
     """A tool that does something (ACTION_FORMS), asked for in its description's words."""
-    action, topic, parameter = rng.choice(ACTIONS), _word(rng, TOPICS), _word(rng, PARAMETERS)
-    while parameter == topic:
-        parameter = rng.choice(PARAMETERS)
+    action = rng.choice(ACTIONS)
+    topic, parameter = topic_and_parameter(rng)
     form = rng.choice(list(ACTION_FORMS))
     if form.endswith("into {t}") and rng.random() < 0.5:     # a language, a format: often capitalised
         topic = topic.capitalize()
@@ -219,11 +224,17 @@ def action_tool(rng: random.Random) -> dict:
             "parameter": parameter, "topic": topic, "verb": action, "questions": ACTION_FORMS[form]}
 
 
+def acts(tool: dict) -> bool:
+    """Whether a training tool acts (action_tool, asked in its own forms) or looks up."""
+    return "questions" in tool
+
+
 def question_for(rng: random.Random, pick: dict, value: str, verb_led: bool = True) -> str:
     """A question that needs the tool `pick`, in one of the forms its kind is asked in."""
-    if "questions" in pick:
+    if acts(pick):
         return rng.choice(pick["questions"]).format(A=pick["verb"].capitalize(), a=pick["verb"], t=pick["topic"], v=value)
-    if verb_led and pick["description"].lower().startswith(pick["verb"]) and rng.random() < 0.15:
+    description = pick["schema"]["function"]["description"]
+    if verb_led and description.lower().startswith(pick["verb"]) and rng.random() < 0.15:
         return rng.choice(VERB_TOPIC_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], t=pick["topic"],
                                                        v=value)
     return rng.choice(QUESTIONS).format(t=pick["topic"], v=value, p=pick["parameter"])
@@ -231,7 +242,7 @@ def question_for(rng: random.Random, pick: dict, value: str, verb_led: bool = Tr
 
 def thought_for(pick: dict, value: str) -> str:
     """The short thought before a call, with thinking on."""
-    if "questions" in pick:
+    if acts(pick):
         return f"The user wants to {pick['verb']} {value}. I will call {pick['name']}."
     return f"The user asks for the {pick['topic']} of {value}. I will call {pick['name']}."
 
@@ -255,9 +266,9 @@ def make_tool(rng: random.Random, verb: str, topic: str, parameter: str) -> dict
     description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}",
                               "Get the current {t} for a {p}", "Look up the {t} of a {p}", "{V} a {p}'s {t}",
                               "{V} the {t} level of a {p}", "The {t} of one {p}"])
-    description = description.format(V=verb.capitalize(), t=topic, p=parameter)
-    return {"schema": tool_schema(name, description, parameter, f"the {parameter}"),
-            "name": name, "parameter": parameter, "topic": topic, "verb": verb, "description": description}
+    return {"schema": tool_schema(name, description.format(V=verb.capitalize(), t=topic, p=parameter), parameter,
+                                  f"the {parameter}"),
+            "name": name, "parameter": parameter, "topic": topic, "verb": verb}
 
 
 def call_text(name: str, arguments: dict) -> str:
@@ -293,7 +304,7 @@ def distinct_tools(rng: random.Random, n: int, same_verb: bool = False) -> list[
     tools: list[dict] = []
     while len(tools) < n:
         t = action_tool(rng) if rng.random() < ACTION_SHARE else training_tool(rng)
-        if same_verb and tools and "questions" not in t and rng.random() < 0.7:
+        if same_verb and tools and not acts(t) and rng.random() < 0.7:
             t = make_tool(rng, rng.choice(tools)["verb"], t["topic"], t["parameter"])
         if all(t["topic"] != u["topic"] and (same_verb or t["verb"] != u["verb"]) and t["name"] != u["name"]
                for u in tools):
@@ -318,7 +329,7 @@ def tool_sample(rng: random.Random):
     tools = distinct_tools(rng, rng.randint(1, 4), same_verb)
     pick = rng.choice(tools)
     value = made_up_value(rng)
-    if not same_verb and "questions" not in pick and pick["verb"] in pick["name"] and rng.random() < 0.2:
+    if not same_verb and not acts(pick) and pick["verb"] in pick["name"] and rng.random() < 0.2:
         # it names what to do, not the topic
         question = rng.choice(VERB_QUESTIONS).format(V=pick["verb"].capitalize(), verb=pick["verb"], v=value)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -22,8 +23,8 @@ DEMO = ROOT / "appliance" / "demo_model"
 def test_training_never_offers_a_held_out_name_or_parameter():
     rng = random.Random(0)
     held_values = {v.lower() for t in tools.HELD_OUT_TOOLS for v in t[5]}
-    for _ in range(3000):
-        t = tools.training_tool(rng) if _ % 2 else tools.action_tool(rng)
+    for i in range(3000):
+        t = tools.training_tool(rng) if i % 2 else tools.action_tool(rng)
         assert t["name"] not in tools.HELD_OUT_NAMES
         assert t["parameter"] not in tools.HELD_OUT_PARAMETERS
         assert tools.made_up_value(rng).lower() not in held_values
@@ -32,7 +33,6 @@ def test_training_never_offers_a_held_out_name_or_parameter():
 def test_no_training_question_or_tool_uses_a_held_out_word():
     """Topics, parameters, values and name parts of the held-out tools (their verbs aside, which
     training's lookups share: get, read, find, check) never reach a training sample."""
-    import re
     held = tools.HELD_OUT_WORDS - set(tools.VERBS) - {"to"}
     rng = random.Random(1)
     for _ in range(2000):
