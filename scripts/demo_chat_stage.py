@@ -121,14 +121,28 @@ token / later name tokens / parameter / value is right):
     calls stayed 0.63 with thinking off and fell to 0.33 with thinking on (the thought's "I will
     call ..." now makes names up: get_weather_battery). Not shipped; the idea needs a longer run
     that also teaches the thought to copy the name.
+  * The shipped run: that widening (CORPUS_LEAD, 40% of names led by a corpus word), the
+    thought naming the tool in quotes (` play_song` is `Ġpl ay _ s ong`, `"play_song` is `Ġ" play
+    _ s ong` as in the listing and the call) and 12% two-word values, resumed from the widening
+    run's end (step 49314), 78 minutes (lr 1.6e-4 to 1e-4): greedy held-out calls (torch,
+    thinking off) at steps 50298 / 51338 / 52425 / 53452 / 54524 / 55474 / 56388: 0.57 / 0.70 /
+    0.37 / 0.63 / 0.53 / 0.53 / 0.63, teacher-forced first name token 0.70-0.93. The best pick
+    then counted thinking off only, and step 51338 served 0.73 off but 0.50 on (the thought's
+    values garbled: "Nairob", "risoto"), so the pick now counts both. From step 51338 with that
+    pick, 21 minutes more (lr 8e-5 to 5e-5): 0.67 / 0.60 at step 57524, 0.73 / 0.63 at 58193.
+    Shipped: that checkpoint. As served: 0.73 thinking off, 0.63 on (was 0.63 / 0.63); needle
+    recall (`appliance eval needle`, q8) exact 1.00 at 512 / 1024 / 2048, k=32 1.00, strided
+    probe at 2048 0.80; copy share 0.74. Its misses: both songs but Hallelujah go to
+    define_word, the two stock questions that name no "quote" go to get_timezone, and values
+    ("echo ephemeral", "Define laconic", "tokyk you", "French" for "good night").
 What holds it back, and what to try next:
   * values: the misses take a word beside the value ("gpu sensor", "the tablet", "Define
     laconic"), garble it ("guash" for goulash) or stop inside it ("Par" for Paris, thinking on),
     and two-word values before "in French" ("thank you", "good night") fail: two-word values
     are 8% of training's and none precede their topic;
-  * more of the same does not move it: the last 40 minutes of this run stayed at 0.50-0.60
-    (torch greedy), so the 0.8 bar needs a new ingredient, not more steps: the first is names
-    whose first tokens span the vocabulary, run long enough for the thought to copy them too.
+  * checkpoints swing by 0.1-0.3 between ten-minute checkpoints (0.70 -> 0.37 -> 0.63 above):
+    what is measured is the best of a noisy walk, and the 0.8 bar needs the values' boundaries
+    (where a value starts and stops in the question) taught as directly as the hops are.
 """
 from __future__ import annotations
 
@@ -902,24 +916,25 @@ def run_chat_stage(args, base_module, log) -> None:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
             acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
+            acc_on, _ = tool_accuracy(model, chat_tok, tool_task, thinking=True)
             held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
             # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
             recall = base_module.needle_recall(model, chat_tok, 1024, 5)
             copied, forced = copy_share(model, chat_tok), copy_accuracy(model, chat_tok)
             model.train()
-            log(f"chat step {step:5d} held-out tool calls (thinking off): {acc:.2f}; {texts[0][:80]!r}")
+            log(f"chat step {step:5d} held-out tool calls: thinking off {acc:.2f}, on {acc_on:.2f}; {texts[0][:80]!r}")
             log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
                 f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
                 f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f} "
                 f"(teacher-forced tokens {forced:.2f})")
-            keep_best(best, model, step, acc + held["value"] + held["first"] + copied, recall, log)
+            keep_best(best, model, step, acc + acc_on + held["value"] + held["first"] + copied, recall, log)
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
 
     model.eval()
     if best["state"] is not None:
-        acc, _ = tool_accuracy(model, chat_tok, tool_task, thinking=False)
+        acc = sum(tool_accuracy(model, chat_tok, tool_task, thinking)[0] for thinking in (False, True))
         held = call_parts(model, chat_tok, tool_task.held_out_cases())
         recall = base_module.needle_recall(model, chat_tok, 1024, 5)
         if recall < KEEP_RECALL or acc + held["value"] + held["first"] + copy_share(model, chat_tok) < best["score"]:
@@ -946,8 +961,9 @@ def new_sums() -> dict:
 
 
 def keep_best(best: dict, model, step: int, score: float, recall: float, log) -> None:
-    """Remember the model of the best checkpoint so far: the most held-out calls and call parts
-    among those that keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back
+    """Remember the model of the best checkpoint so far: the most held-out calls (thinking off
+    and on: a best pick by thinking off alone once shipped a model whose thought lost its calls)
+    and call parts among those that keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back
     in one run), so the last step is not necessarily the one to ship."""
     if recall >= KEEP_RECALL and score > best["score"]:
         import torch

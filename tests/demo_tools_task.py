@@ -137,7 +137,7 @@ def tool_schema(name: str, description: str, parameter: str, parameter_descripti
 
 def made_up_value(rng: random.Random) -> str:
     """A value to copy: a word, or a made-up name (nothing to recall, only to copy)."""
-    if rng.random() < 0.08:              # a value of two words, copied whole
+    if rng.random() < 0.12:              # a value of two words, copied whole
         return rng.choice(WORDS).lower() + " " + rng.choice(WORDS).lower()
     if VALUE_PIECES and rng.random() < 0.35:
         return piece_value(rng)
@@ -216,9 +216,10 @@ def action_tool(rng: random.Random) -> dict:
     if form.endswith("into {t}") and rng.random() < 0.5:     # a language, a format: often capitalised
         topic = topic.capitalize()
     style = rng.random()
-    name = opaque_name(rng, action) if style < 0.3 else f"{action}_{topic.lower()}" if style < 0.6 else \
-        f"{action}{topic.capitalize()}" if style < 0.7 else f"{action}_to_{topic.lower()}" if style < 0.85 else \
-        f"{action}_{topic.lower()}_{parameter}"
+    lead = name_lead(rng, action)
+    name = opaque_name(rng, action) if style < 0.3 else f"{lead}_{topic.lower()}" if style < 0.6 else \
+        f"{lead}{topic.capitalize()}" if style < 0.7 else f"{lead}_to_{topic.lower()}" if style < 0.85 else \
+        f"{lead}_{topic.lower()}_{parameter}"
     description = form.format(A=action.capitalize(), t=topic, p=parameter)
     return {"schema": tool_schema(name, description, parameter, f"the {parameter}"), "name": name,
             "parameter": parameter, "topic": topic, "verb": action, "questions": ACTION_FORMS[form]}
@@ -241,14 +242,28 @@ def question_for(rng: random.Random, pick: dict, value: str, verb_led: bool = Tr
 
 
 def thought_for(pick: dict, value: str) -> str:
-    """The short thought before a call, with thinking on."""
+    """The short thought before a call, with thinking on. The name is quoted: ` play_song` is
+    `Ġpl ay _ s ong`, `"play_song` is `Ġ" play _ s ong` as in the tool listing and in the call, so
+    the thought copies the listing's tokens and the call copies the thought's."""
     if acts(pick):
-        return f"The user wants to {pick['verb']} {value}. I will call {pick['name']}."
-    return f"The user asks for the {pick['topic']} of {value}. I will call {pick['name']}."
+        return f'The user wants to {pick["verb"]} {value}. I will call "{pick["name"]}".'
+    return f'The user asks for the {pick["topic"]} of {value}. I will call "{pick["name"]}".'
+
+
+# The share of names led by a corpus word instead of the tool's verb. With verbs and syllables
+# alone, training names began with 91 distinct tokens, and a held-out name whose first token was
+# none of them (`play`, `trans`, `def`) was not written even when the heads pointed at it.
+CORPUS_LEAD = 0.4
+
+
+def name_lead(rng: random.Random, verb: str) -> str:
+    """The first word of a name: the tool's verb, or a corpus word (CORPUS_LEAD)."""
+    return rng.choice(CORPUS_WORDS) if CORPUS_WORDS and rng.random() < CORPUS_LEAD else verb
 
 
 def opaque_name(rng: random.Random, verb: str) -> str:
     """A name that does not spell the topic: the description is the only way to choose it."""
+    verb = name_lead(rng, verb)
     word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
     return rng.choice([f"{verb}_{word}", word, f"{word}_{verb}", f"{verb}_{_word(rng, PARAMETERS)}_{word}"])
 
@@ -260,9 +275,10 @@ def make_tool(rng: random.Random, verb: str, topic: str, parameter: str) -> dict
     # same word in a sentence (`get_weather` is get _ w eat her, "the weather" is Ġwe ather), so
     # matching the question against the name does not carry to unseen names; matching it against
     # the description (same tokens as the question) and taking the name of that entry does.
-    name = opaque_name(rng, verb) if style < 0.35 else f"{verb}_{topic}" if style < 0.65 else \
-        f"{verb}{topic.capitalize()}" if style < 0.75 else f"{verb}_{topic}_{parameter}" if style < 0.83 else \
-        f"{verb}_{extra}_{topic}" if style < 0.92 else f"{verb}_{topic}_{extra}"
+    lead = name_lead(rng, verb)
+    name = opaque_name(rng, verb) if style < 0.35 else f"{lead}_{topic}" if style < 0.65 else \
+        f"{lead}{topic.capitalize()}" if style < 0.75 else f"{lead}_{topic}_{parameter}" if style < 0.83 else \
+        f"{lead}_{extra}_{topic}" if style < 0.92 else f"{lead}_{topic}_{extra}"
     description = rng.choice(["{V} the {t} of a {p}", "{V} the {t} for a given {p}", "Returns the {t} of the {p}",
                               "Get the current {t} for a {p}", "Look up the {t} of a {p}", "{V} a {p}'s {t}",
                               "{V} the {t} level of a {p}", "The {t} of one {p}"])
