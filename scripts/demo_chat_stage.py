@@ -927,22 +927,23 @@ def run_chat_stage(args, base_module, log) -> None:
                 f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
                 f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f} "
                 f"(teacher-forced tokens {forced:.2f})")
-            keep_best(best, model, step, acc + acc_on + held["value"] + held["first"] + copied, recall, log)
+            keep_best(best, model, step, pick_score(acc + acc_on, held, copied), recall, log)
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
 
     model.eval()
+    calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
     if best["state"] is not None:
-        acc = sum(tool_accuracy(model, chat_tok, tool_task, thinking)[0] for thinking in (False, True))
+        both = calls[False][0] + calls[True][0]
         held = call_parts(model, chat_tok, tool_task.held_out_cases())
         recall = base_module.needle_recall(model, chat_tok, 1024, 5)
-        if recall < KEEP_RECALL or acc + held["value"] + held["first"] + copy_share(model, chat_tok) < best["score"]:
+        if recall < KEEP_RECALL or pick_score(both, held, copy_share(model, chat_tok)) < best["score"]:
             model.load_state_dict(best["state"])
-            log(f"chat stage: the last step's model is not the best (calls {acc:.2f}, recall {recall:.2f}); "
-                f"exporting step {best['step']}'s")
-    for thinking in (False, True):
-        acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking)
+            log(f"chat stage: the last step's model is not the best (calls off + on {both:.2f}, recall "
+                f"{recall:.2f}); exporting step {best['step']}'s")
+            calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
+    for thinking, (acc, texts) in calls.items():
         log(f"held-out tool calls (30 unseen tools, torch greedy, thinking {'on' if thinking else 'off'}): {acc:.2f}"
             f"; first reply {texts[0]!r}")
     for context in args.eval_contexts:
@@ -960,11 +961,17 @@ def new_sums() -> dict:
     return {"lm": 0.0, "ans": 0.0, "acc": 0.0, "start": 0.0, "twin": 0.0, "n": 0, "hops": {}, "hop_n": {}}
 
 
+def pick_score(calls: float, held: dict, copied: float) -> float:
+    """What checkpoints are ranked by: held-out calls (the share with thinking off plus the share
+    with it on: a pick by thinking off alone once chose a model whose thought lost its calls),
+    the held-out call parts that fail most (first name token, value) and the copy share."""
+    return calls + held["value"] + held["first"] + copied
+
+
 def keep_best(best: dict, model, step: int, score: float, recall: float, log) -> None:
-    """Remember the model of the best checkpoint so far: the most held-out calls (thinking off
-    and on: a best pick by thinking off alone once shipped a model whose thought lost its calls)
-    and call parts among those that keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back
-    in one run), so the last step is not necessarily the one to ship."""
+    """Remember the model of the best checkpoint so far: the highest pick_score among those that
+    keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back in one run), so
+    the last step is not necessarily the one to ship."""
     if recall >= KEEP_RECALL and score > best["score"]:
         import torch
         best.update(score=score, step=step, state={k: v.detach().clone() for k, v in model.state_dict().items()})
