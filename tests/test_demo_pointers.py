@@ -43,7 +43,8 @@ def rendered(chat_tok):
     return prompt + reply + "<|im_end|>", len(prompt), offered, messages
 
 
-def test_each_hop_of_a_call_points_where_the_call_reads_from(chat_tok):
+def test_each_hop_of_a_call_points_where_the_call_reads_from(chat_tok, monkeypatch):
+    monkeypatch.setattr(pointers, "VALUE_STEPS", True)
     text, prompt_end, offered, messages = rendered(chat_tok)
     found = pointers.tool_sample_pointers(text, prompt_end, offered, messages, ["get_weather", '"city"', "Paris"])
     said = {}
@@ -53,7 +54,7 @@ def test_each_hop_of_a_call_points_where_the_call_reads_from(chat_tok):
     # every token of a tool's line after its name looks at the name's first character
     assert [t for _, _, t in said["name_of"]] == [["g"], ["f"]]
     # what each hop carries: the chosen name's first character, or the character written next
-    carried = {p["hop"]: text[p["carry"]] for p in found if p["hop"] != "name_of"}
+    carried = {p["hop"]: text[p["carry"]] for p in found if p["hop"] not in ("name_of", "value_rest", "value_end")}
     assert carried == {"match": "g", "choose": "g", "parameter": "c", "value": "P"}
     assert all('"description": "' in q and q.endswith("}}") for q, _, _ in said["name_of"])
     # the question's word shared with the chosen description alone (not "the", not the value)
@@ -62,11 +63,23 @@ def test_each_hop_of_a_call_points_where_the_call_reads_from(chat_tok):
     assert said["choose"] == [("g", "before", ["weather"])] * 2
     assert said["parameter"] == [("c", "before", ["c"])]
     assert said["value"] == [("P", "before", ["P"])]
+    # the value's later characters each look at their twin in the question, and its end at what
+    # follows it there (" today"); only the end carries nothing
+    assert said["value_rest"] == [(c, "before_start", [c]) for c in "aris"]
+    assert [p["carry"] for p in found if p["hop"] == "value_rest"] == [text.index('"Paris"') + j for j in range(2, 6)]
+    assert said["value_end"] == [('"', "before_start", [" "])]
+    assert [p["carry"] for p in found if p["hop"] == "value_end"] == [None]
     # the value's target is in the question, the parameter's in the chosen tool's listing line
     (value,) = [p for p in found if p["hop"] == "value"]
     assert text.index("How is the weather") < value["targets"][0][0] < prompt_end
     (param,) = [p for p in found if p["hop"] == "parameter"]
     assert text.index('"name": "get_weather"') < param["targets"][0][0] < text.index('"name": "find_recipe"')
+
+
+def test_without_value_steps_a_value_has_its_first_pointer_only(chat_tok):
+    text, prompt_end, offered, messages = rendered(chat_tok)
+    found = pointers.tool_sample_pointers(text, prompt_end, offered, messages, ["get_weather", '"city"', "Paris"])
+    assert [p["hop"] for p in found if p["hop"].startswith("value")] == ["value"]
 
 
 def test_a_round_trip_reply_has_only_the_listing_pointers(chat_tok):
@@ -75,7 +88,8 @@ def test_a_round_trip_reply_has_only_the_listing_pointers(chat_tok):
     assert {p["hop"] for p in found} == {"name_of"}
 
 
-def test_character_pointers_become_token_pointers_before_and_at_their_spans(chat_tok):
+def test_character_pointers_become_token_pointers_before_and_at_their_spans(chat_tok, monkeypatch):
+    monkeypatch.setattr(pointers, "VALUE_STEPS", True)
     text, prompt_end, offered, messages = rendered(chat_tok)
     found = pointers.tool_sample_pointers(text, prompt_end, offered, messages, ["get_weather", '"city"', "Paris"])
     from tokenizers import Tokenizer
@@ -90,6 +104,12 @@ def test_character_pointers_become_token_pointers_before_and_at_their_spans(chat
         if hop == "value":
             assert decode(q + 1).startswith("P") or decode(q + 1) == '"'
             assert decode(targets[0]).strip().startswith("P")
+    values = [(hop, decode(q), [decode(t) for t in targets], carry) for hop, q, targets, carry in tokens
+              if hop.startswith("value")]
+    # only where " Paris" and "Paris" split alike: the question's tokens and the call's, aligned
+    rest = [v for v in values if v[0] == "value_rest"]
+    assert rest and all(target == [decode(carry)] for _, _, target, carry in rest)
+    assert [v[1:] for v in values if v[0] == "value_end"] == [(decode(rest[-1][3]), [" to"], -1)]                # " today" is " to day"
     # cut at a length: nothing points past it
     assert all(q < 100 and c < 100 for _, q, _, c in pointers.to_tokens(found, enc.offsets, 100))
 
@@ -142,3 +162,21 @@ def test_gradient_descent_on_the_pointer_loss_moves_attention_onto_the_targets()
     assert masses[0] < 0.2 and masses[-1] > 0.8
     # and what the head writes reads as the carried token (9) through the final norm and the embedding
     assert carried[0] < 1 and carried[-1] == 1
+
+
+def test_a_hop_that_carries_nothing_is_scored_on_its_attention_alone():
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=pointers.LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    config._attn_implementation = "eager"
+    model = Qwen3ForCausalLM(config)
+    loss_of = pointers.PointerLoss(model)
+    x = torch.randint(0, 64, (1, 16))
+    out = model(input_ids=x, output_attentions=True)
+    loss, stats = loss_of([(0, "value_end", 10, [4], -1)])
+    layer, head = pointers.HOPS["value_end"]
+    assert loss.item() == pytest.approx(-out.attentions[layer][0, head, 10, 4].log().item(), rel=1e-4)
+    assert "value_end carried" not in stats
