@@ -37,6 +37,19 @@ def chat_tok(tmp_path_factory):
     return Tokenizer(out, {2})
 
 
+def tiny_model(seed: int, eager: bool = False):
+    """A random Qwen3 of the hops' depth, small enough to train in a test (eager: attention maps out)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=pointers.LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    if eager:
+        config._attn_implementation = "eager"
+    return Qwen3ForCausalLM(config)
+
+
 def rendered(chat_tok):
     _, offered, messages, reply = weather_sample()
     prompt = chat_tok.apply_chat_template(messages, tools=offered, add_generation_prompt=True)
@@ -117,13 +130,7 @@ def test_character_pointers_become_token_pointers_before_and_at_their_spans(chat
 def test_the_pointer_loss_is_minus_log_of_the_heads_own_attention_on_the_targets(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(pointers, "CARRY_WEIGHT", 0.0)
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=pointers.LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    config._attn_implementation = "eager"
-    model = Qwen3ForCausalLM(config)
+    model = tiny_model(0, eager=True)
     loss_of = pointers.PointerLoss(model)
     x = torch.randint(0, 64, (2, 20))
     asked = [(0, "choose", 12, [3, 4], 5), (1, "choose", 19, [0], 6), (1, "name_of", 7, [2], 7)]
@@ -140,12 +147,7 @@ def test_the_pointer_loss_is_minus_log_of_the_heads_own_attention_on_the_targets
 
 def test_gradient_descent_on_the_pointer_loss_moves_attention_onto_the_targets():
     torch = pytest.importorskip("torch")
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(1)
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=pointers.LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    model = Qwen3ForCausalLM(config)
+    model = tiny_model(1)
     loss_of = pointers.PointerLoss(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     x = torch.randint(0, 64, (1, 24))
@@ -166,13 +168,7 @@ def test_gradient_descent_on_the_pointer_loss_moves_attention_onto_the_targets()
 
 def test_a_hop_that_carries_nothing_is_scored_on_its_attention_alone():
     torch = pytest.importorskip("torch")
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(2)
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=pointers.LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    config._attn_implementation = "eager"
-    model = Qwen3ForCausalLM(config)
+    model = tiny_model(2, eager=True)
     loss_of = pointers.PointerLoss(model)
     x = torch.randint(0, 64, (1, 16))
     out = model(input_ids=x, output_attentions=True)
