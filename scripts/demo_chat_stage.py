@@ -136,32 +136,31 @@ token / later name tokens / parameter / value is right):
     define_word, the two stock questions that name no "quote" go to get_timezone, and values
     ("echo ephemeral", "Define laconic", "tokyk you", "French" for "good night").
   * Tried after it, not shipped: the value's boundaries taught like the hops
-    (demo_pointers.VALUE_STEPS: each later token of a value looks at the question's token it
-    copies, the closing quote at the question's character after the value), resumed from the
-    shipped checkpoint for 75 minutes (lr 1.3e-4 to 1e-4). The value head took the new
-    pointers at once (mean attention on the targets over the first 20 logged lines: later
-    tokens 0.86, end 0.67; over the last 100: 0.97 and 0.98), needle recall at 1024 stayed 1.00 and copy share 0.74, but greedy held-out calls
-    at the six checkpoints were 0.53-0.57 thinking off and 0.40-0.57 on; the best (step 64265)
-    served 0.57 / 0.53.
+    (demo_pointers.VALUE_STEPS: each later token of a value looks at the question's token it copies,
+    the closing quote at the question's character after the value), resumed from the shipped
+    checkpoint for 75 minutes (lr 1.3e-4 to 1e-4). The value head took the new pointers at once
+    (mean attention on the targets over the first 20 logged lines: later tokens 0.86, end 0.67; over
+    the last 100: 0.97 and 0.98), needle recall at 1024 stayed 1.00 and copy share 0.74, but greedy
+    held-out calls at the six checkpoints were 0.53-0.57 thinking off and 0.40-0.57 on; the best
+    (step 64265) served 0.57 / 0.53.
 What holds it back, and what to try next:
-  * values: the misses take a word beside the value ("gpu sensor", "Define laconic"), garble
-    it ("guash" for goulash, "guodbye") or stop inside it ("Par" for Paris, thinking on).
-    Most garbles are the tokenizer's: in the call a value follows a quote, in the question a
-    space, and this 3,078-piece vocabulary splits 11 of the 30 held-out values differently
-    after each (` go|ul|ash` but `g|o|ul|ash`, ` table|t` but `t|able|t`, ` e|p|he...` but
-    `ep|he...`; the twins share an embedding offset, but a split that differs is a spelling
-    to learn, not a copy). Those 11 held 6 of the 9 value misses of step 64265 above. Teacher-forced up to the
-    value (call_parts), the shipped model writes 18 of the 19 values that split alike and 7
-    of the 11 that do not (step 64265: 16 of 19, 5 of 11). Of training's values
-    (5,000 drawn, corpus words aside) 23% split differently, so each such piece's spelling
-    is seen rarely among the vocabulary's 3,078. Next: a
+  * values: the misses take a word beside the value ("gpu sensor", "Define laconic"), garble it
+    ("guash" for goulash, "guodbye") or stop inside it ("Par" for Paris, thinking on). Most garbles
+    are the tokenizer's: in the call a value follows a quote, in the question a space, and this
+    3,078-piece vocabulary splits 11 of the 30 held-out values differently after each (` go|ul|ash`
+    but `g|o|ul|ash`, ` table|t` but `t|able|t`, ` e|p|he...` but `ep|he...`; the twins share an
+    embedding offset, but a split that differs is a spelling to learn, not a copy). Those 11 held 6
+    of the 9 value misses of step 64265 above. Teacher-forced up to the value (call_parts), the
+    shipped model writes 18 of the 19 values that split alike and 7 of the 11 that do not (step
+    64265: 16 of 19, 5 of 11). Of training's values (5,000 drawn, corpus words aside) 23% split
+    differently, so each such piece's spelling is seen rarely among the vocabulary's 3,078. Next: a
     spelling drill over the vocabulary's space-led pieces whose quote-led split differs, or a
     tokenizer whose merges give both forms the same split (a retrain of the embeddings);
-  * choice: the songs go to define_word and the timezones or stock questions to each other,
-    with the hops' heads pointing right (see the songs above);
-  * checkpoints swing by 0.1-0.3 between ten-minute checkpoints (0.70 -> 0.37 -> 0.63 above):
-    what is measured is the best of a noisy walk over the held-out set itself, so the shipped
-    0.73 is an optimistic figure for this recipe.
+  * choice: the songs go to define_word and the timezones or stock questions to each other, with the
+    hops' heads pointing right (see the songs above);
+  * checkpoints swing by 0.1-0.3 between ten-minute checkpoints (0.70 -> 0.37 -> 0.63 above): what
+    is measured is the best of a noisy walk over the held-out set itself, so the shipped 0.73 is an
+    optimistic figure for this recipe.
 """
 from __future__ import annotations
 
