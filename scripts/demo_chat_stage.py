@@ -154,7 +154,8 @@ What holds it back, and what to try next:
     shipped model writes 18 of the 19 values that split alike and 7 of the 11 that do not (step
     64265: 16 of 19, 5 of 11). Of training's values (5,000 drawn, corpus words aside) 23% split
     differently, so each such piece's spelling is seen rarely among the vocabulary's 3,078. Next: a
-    spelling drill over the vocabulary's space-led pieces whose quote-led split differs, or a
+    spelling drill over the vocabulary's space-led pieces whose quote-led split differs (begun:
+    the spelling task, off in the mix; 11 minutes of it lifted those values 0.64 -> 0.72), or a
     tokenizer whose merges give both forms the same split (a retrain of the embeddings);
   * choice: the songs go to define_word and the timezones or stock questions to each other, with the
     hops' heads pointing right (see the songs above);
@@ -183,8 +184,22 @@ TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<
 # Small batches: on a shared CPU more updates beat bigger batches (as in the first stage).
 LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 # Retrieval at a third: at a fifth the needle recall fell from 0.80 to 0.17 (1024 tokens) while tools were learnt.
+# spelling: values that split apart after a quote (ChatData.spelling). At 0.06 of the mix, 11
+# minutes from the shipped model lifted call_parts' value on 90 such held-out values from 0.64 to
+# 0.72 (served calls 0.77 thinking off / 0.57 on, against 0.73 / 0.63: not shipped). At 0 the
+# mix draws what the shipped run drew; a longer run should turn it on.
+SPELL_LEADS = ["Write", "Spell", "Copy", "The value", "Quote", "Keep"]
+
+
+def spelling_line(lead: str, value: str, parameter: str) -> tuple[str, list[tuple[int, int, str]]]:
+    """`Spell goulash: {"dish": "goulash"}`, the quoted value and its closing quote to learn."""
+    text = f'{lead} {value}: {{"{parameter}": "{value}"}}'
+    at = text.rindex(value)
+    return text, [(at, at + len(value) + 1, "value")]
+
+
 MIX = {"tool": 0.12, "tool_drill": 0.14, "retrieval": 0.28, "drill": 0.04, "quote": 0.14, "extract": 0.07,
-       "code_edit": 0.07, "repeat": 0.1, "doc_chat": 0.02, "lm": 0.02}
+       "code_edit": 0.07, "repeat": 0.1, "doc_chat": 0.02, "lm": 0.02, "spelling": 0.0}
 # The shipped 4-layer model copies nothing it is shown: a span of random tokens repeated is
 # predicted at chance (0 of 127 tokens), a passage quoted back 5-20% teacher-forced. Its retrieval
 # matches a fact's key; there is no general copy (induction) head, which every task here needs
@@ -569,6 +584,26 @@ class ChatData:
 
     def retrieval(self, length):
         return self.base.retrieval(length)
+
+    def spelling(self, length):
+        """Values written after a quote as the question wrote them after a space, drawn from those
+        whose two splits differ (` go|ul|ash`, `"g|o|ul|ash`): the spelling a call's value needs."""
+        def make():
+            parameter = self.rng.choice(self.tools.CORPUS_WORDS or ["value"])
+            return spelling_line(self.rng.choice(SPELL_LEADS), self.split_apart_value(), parameter)
+        return self.pack(make, length)
+
+    def split_apart_value(self) -> str:
+        """A training value whose pieces after a quote are not its pieces after a space."""
+        def pieces(lead, value):
+            out = [self.chat_tok.decode([i]) for i in self.chat_tok.encode(lead + value)]
+            out[0] = out[0][len(lead):]
+            return [p for p in out if p]
+        for _ in range(20):
+            value = self.tools.made_up_value(self.rng)
+            if pieces(" ", value) != pieces('"', value):
+                return value
+        return value
 
     def drill(self, length):
         return self.base.drill(length)

@@ -170,3 +170,26 @@ def test_the_shipped_log_keeps_every_checkpoint_line_and_a_loss_line_every_few_h
     assert [int(line.split()[3]) for line in thinned if " min " in line] == \
         [s for s in range(10, 1010, 10) if s % stage.LOG_EVERY == 0]
     assert any("call parts right" in line for line in thinned)
+
+
+def test_spelling_values_split_apart_after_a_quote_and_the_line_marks_the_written_value():
+    import random
+
+    from appliance.engine.tokenizer import Tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import demo_tools_task as tools
+
+    tok = Tokenizer(Path(__file__).resolve().parents[1] / "appliance" / "demo_model", {2})
+    data = stage.ChatData.__new__(stage.ChatData)
+    data.chat_tok, data.tools, data.rng = tok, tools, random.Random(0)
+
+    def pieces(lead, value):
+        out = [tok.decode([i]) for i in tok.encode(lead + value)]
+        return [p for p in [out[0][len(lead):]] + out[1:] if p]
+    values = [data.split_apart_value() for _ in range(20)]
+    assert sum(pieces(" ", v) != pieces('"', v) for v in values) >= 18      # a draw may give up after 20 tries
+    assert pieces(" ", "goulash") != pieces('"', "goulash") and pieces(" ", "Paris") == pieces('"', "Paris")
+    text, spans = stage.spelling_line("Spell", "goulash", "dish")
+    assert text == 'Spell goulash: {"dish": "goulash"}'
+    assert [text[a:b] for a, b, _ in spans] == ['goulash"'] and spans[0][2] == "value"
