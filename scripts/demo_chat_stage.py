@@ -191,6 +191,13 @@ LENGTHS = [(512, 2, 0.65), (1024, 1, 0.23), (2048, 1, 0.12)]
 SPELL_LEADS = ["Write", "Spell", "Copy", "The value", "Quote", "Keep"]
 
 
+def value_pieces(chat_tok, lead: str, value: str) -> list[str]:
+    """The pieces `value` is written in after `lead` (a space in a question, a quote in a call)."""
+    out = [chat_tok.decode([i]) for i in chat_tok.encode(lead + value)]
+    out[0] = out[0][len(lead):]
+    return [p for p in out if p]
+
+
 def spelling_line(lead: str, value: str, parameter: str) -> tuple[str, list[tuple[int, int, str]]]:
     """`Spell goulash: {"dish": "goulash"}`, the quoted value and its closing quote to learn."""
     text = f'{lead} {value}: {{"{parameter}": "{value}"}}'
@@ -594,14 +601,11 @@ class ChatData:
         return self.pack(make, length)
 
     def split_apart_value(self) -> str:
-        """A training value whose pieces after a quote are not its pieces after a space."""
-        def pieces(lead, value):
-            out = [self.chat_tok.decode([i]) for i in self.chat_tok.encode(lead + value)]
-            out[0] = out[0][len(lead):]
-            return [p for p in out if p]
+        """A training value whose pieces after a quote are not its pieces after a space (the last
+        of 20 draws if none is)."""
         for _ in range(20):
             value = self.tools.made_up_value(self.rng)
-            if pieces(" ", value) != pieces('"', value):
+            if value_pieces(self.chat_tok, " ", value) != value_pieces(self.chat_tok, '"', value):
                 return value
         return value
 

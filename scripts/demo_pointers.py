@@ -145,8 +145,8 @@ def value_pointers(written: int, source: int, length: int, question_end: int) ->
     """Where a value copied from the question (text[source:source+length], written at `written`)
     starts, goes on and stops: the position before its first character looks at that character
     in the question (value); the position before each later token looks at the question's
-    character it copies (value_rest, kept by to_tokens only where a token starts at both); the position
-    that closes the value looks at the question's character after it (value_end, attention only:
+    character it copies (value_rest, kept by to_tokens only where a token starts at both); the
+    position that closes the value looks at the question's character after it (value_end, attention only:
     nothing is carried, the head's finding the value over is what ends it). The misses these
     aim at: a neighbouring word taken ("echo ephemeral"), a value garbled or stopped inside
     ("Par" for Paris)."""
@@ -215,8 +215,8 @@ def to_tokens(pointers: list[dict], offsets: list[tuple[int, int]], length: int)
     offsets; a query "before" a span is the token before the one its first character is in (the
     position whose logits write that token), "before_start" the same but only where a token
     starts at that character and at the first target's (else the pointer is dropped: a value
-    split apart in the question and in the call has no token to carry); the carried token is the one whose
-    identity the hop moves (the name's first token for name_of, match and choose; the token
+    split apart in the question and in the call has no token to carry); the carried token is the
+    one whose identity the hop moves (the name's first token for name_of, match and choose; the token
     written next for the others), -1 for none. Pointers cut by `length` are dropped."""
     import bisect
     starts = [a for a, _ in offsets]
@@ -230,7 +230,9 @@ def to_tokens(pointers: list[dict], offsets: list[tuple[int, int]], length: int)
     out = []
     for p in pointers:
         a, b, how = p["query"]
-        if how == "before_start" and (starts[token_at(a)] != a or starts[token_at(p["targets"][0][0])] != p["targets"][0][0]):
+        def starts_a_token(c):
+            return starts[token_at(c)] == c
+        if how == "before_start" and not (starts_a_token(a) and starts_a_token(p["targets"][0][0])):
             continue
         queries = [token_at(a) - 1] if how.startswith("before") else covering(a, b)
         targets = sorted({t for c, d in p["targets"] for t in covering(c, d)})
