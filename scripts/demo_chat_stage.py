@@ -172,9 +172,11 @@ import random
 import re
 import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import demo_pointers
+from demo_weight_average import WeightAverage
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = (ROOT / "tests" / "fixtures" / "qwen3" / "chat_template.jinja").read_text()
@@ -888,9 +890,14 @@ def run_chat_stage(args, base_module, log) -> None:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
                     "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config_dir": str(config_dir),
-                    "opened": opened, "fresh_layers": fresh}, tmp)
+                    "opened": opened, "fresh_layers": fresh,
+                    "average": average.state_dict() if average else None}, tmp)
         tmp.replace(ckpt)
 
+    # measured, kept and exported instead of the last step's weights when set (demo_weight_average)
+    average = WeightAverage(model, args.ema_decay, (state or {}).get("average")) if args.ema_decay else None
+    if average:
+        log(f"chat stage: weights averaged (decay {args.ema_decay}); checkpoints measure the average")
     probes = training_style_cases(tool_task, 40)
     plain, spaced = (torch.tensor(ids) for ids in twin_pairs(tok.get_vocab()))
     embed = model.get_input_embeddings().weight
@@ -945,6 +952,8 @@ def run_chat_stage(args, base_module, log) -> None:
                 p.grad = None
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if average:
+            average.update()
         step += 1
         elapsed = time.time() - t_start
         with torch.no_grad():
@@ -972,24 +981,29 @@ def run_chat_stage(args, base_module, log) -> None:
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
-            acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
-            acc_on, _ = tool_accuracy(model, chat_tok, tool_task, thinking=True)
-            held, seen = call_parts(model, chat_tok, tool_task.held_out_cases()), call_parts(model, chat_tok, probes)
-            # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
-            recall = base_module.needle_recall(model, chat_tok, 1024, 5)
-            copied, forced = copy_share(model, chat_tok), copy_accuracy(model, chat_tok)
+            with average.swapped_in(model) if average else nullcontext():
+                acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
+                acc_on, _ = tool_accuracy(model, chat_tok, tool_task, thinking=True)
+                held = call_parts(model, chat_tok, tool_task.held_out_cases())
+                seen = call_parts(model, chat_tok, probes)
+                # what must not be lost: needle recall fell from 1.0 to 0.37-0.47 within 2000 steps once
+                recall = base_module.needle_recall(model, chat_tok, 1024, 5)
+                copied, forced = copy_share(model, chat_tok), copy_accuracy(model, chat_tok)
+                log(f"chat step {step:5d} held-out tool calls: thinking off {acc:.2f}, on {acc_on:.2f}; "
+                    f"{texts[0][:80]!r}")
+                log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
+                    f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
+                    f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f} "
+                    f"(teacher-forced tokens {forced:.2f})")
+                keep_best(best, model, step, pick_score(acc + acc_on, held, copied), recall, log)
             model.train()
-            log(f"chat step {step:5d} held-out tool calls: thinking off {acc:.2f}, on {acc_on:.2f}; {texts[0][:80]!r}")
-            log(f"chat step {step:5d} call parts right (teacher-forced), held-out: {parts_line(held)}; "
-                f"training-style: {parts_line(seen)}; needle recall at 1024 (torch, 5 haystacks): {recall:.2f}; "
-                f"twin cosine {twin_cosine(embed.data, plain, spaced):.2f}; held-out copy share {copied:.2f} "
-                f"(teacher-forced tokens {forced:.2f})")
-            keep_best(best, model, step, pick_score(acc + acc_on, held, copied), recall, log)
             t_ckpt = time.time()
     save()
     log(f"chat run ends: step {step}, {elapsed / 60:.1f} of {args.budget_min:.0f} min")
 
     model.eval()
+    if average:
+        average.copy_into(model)
     calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
     if best["state"] is not None:
         both = calls[False][0] + calls[True][0]

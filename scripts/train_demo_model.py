@@ -311,6 +311,8 @@ def main() -> None:
                     help="chat stage: stop, measure and export after this many minutes (rerun to go on)")
     ap.add_argument("--resume-from", type=Path, default=None,
                     help="chat stage: the model to start from (default: --out)")
+    ap.add_argument("--ema-decay", type=float, default=0.0,
+                    help="chat stage: measure, keep and export an average of the weights (0: the last step's)")
     ap.add_argument("--eval-trials", type=int, default=10, help="haystacks per context in the needle measure")
     ap.add_argument("--eval-contexts", type=lambda s: [int(c) for c in s.split(",")], default=[256, 512, 1024, 2048],
                     help="chat stage: contexts of the needle measure after each run")
