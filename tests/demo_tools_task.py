@@ -387,6 +387,34 @@ def held_out_cases(seed: int = 0) -> list[dict]:
     return cases
 
 
+# result keys no training sample uses (RESULT_KEYS), as a held-out tool's result would have
+HELD_OUT_RESULT_KEYS = ["celsius", "percent", "price", "hours", "count"]
+
+
+def round_trip_cases(seed: int = 1) -> list[dict]:
+    """The held-out prompts after their call: the right call made and its result returned, as a
+    client sends the next turn. The answer should give the result. [{"messages", "tools", "result"}]"""
+    rng = random.Random(seed)
+    cases = []
+    for i, case in enumerate(held_out_cases()):
+        result, key = str(rng.randint(11, 98)), HELD_OUT_RESULT_KEYS[i % len(HELD_OUT_RESULT_KEYS)]
+        call_id = f"call_{i:08x}"
+        body = {case["parameter"]: case["value"], key: int(result)} if i % 2 else {key: int(result)}
+        messages = case["messages"] + [
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": case["name"], "arguments": json.dumps({case["parameter"]: case["value"]})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
+        cases.append({"messages": messages, "tools": case["tools"], "result": result})
+    return cases
+
+
+def answers_with_result(text: str, case: dict) -> bool:
+    """An answer, not another call, that gives the tool's result."""
+    answer = text.split("</think>")[-1]
+    return "<tool_call>" not in answer and re.search(rf"(?<!\d){case['result']}(?!\d)", answer) is not None
+
+
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 

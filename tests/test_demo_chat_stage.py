@@ -192,3 +192,26 @@ def test_spelling_values_split_apart_after_a_quote_and_the_line_marks_the_writte
     text, spans = stage.spelling_line("Spell", "goulash", "dish")
     assert text == 'Spell goulash: {"dish": "goulash"}'
     assert [text[a:b] for a, b, _ in spans] == ['goulash"'] and spans[0][2] == "value"
+
+
+def test_round_trip_share_reads_the_result_the_template_rendered(monkeypatch):
+    """The measure renders each round trip through the chat template and counts the answers that
+    give the result. A stand-in model answers with the number it finds in the last tool response
+    when that response's key is `celsius` (6 of the 30 cases) and echoes the value otherwise."""
+    import json
+    import re
+
+    from appliance.engine.tokenizer import Tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import demo_tools_task as tools
+
+    tok = Tokenizer(Path(__file__).resolve().parents[1] / "appliance" / "demo_model", {2})
+
+    def answer(model, chat_tok, prompt_ids, max_new_tokens):
+        prompt = chat_tok.decode(prompt_ids)
+        assert prompt.endswith("</tool_response>\nassistant\n<think>\n\n</think>\n\n")   # thinking off
+        body = json.loads(re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.S)[-1])
+        return f"It is {body['celsius']}." if "celsius" in body else "It is as asked."
+    monkeypatch.setattr(stage, "generate", answer)
+    assert stage.round_trip_share(None, tok, tools) == pytest.approx(6 / 30)

@@ -80,6 +80,25 @@ def test_held_out_cases_offer_three_tools_with_the_right_one_among_them():
         assert case["value"] in case["messages"][-1]["content"]
 
 
+def test_round_trip_cases_follow_the_right_call_with_a_result_the_measure_looks_for():
+    cases = tools.round_trip_cases()
+    assert len(cases) == 30
+    for case, asked in zip(cases, tools.held_out_cases()):
+        user, assistant, tool = case["messages"]
+        call = assistant["tool_calls"][0]
+        assert user == asked["messages"][0] and call["function"]["name"] == asked["name"]
+        assert json.loads(call["function"]["arguments"]) == {asked["parameter"]: asked["value"]}
+        assert tool["tool_call_id"] == call["id"] and case["result"] in tool["content"]
+        assert not set(json.loads(tool["content"])) & set(tools.RESULT_KEYS)   # keys training never used
+    case = cases[0]
+    r = case["result"]
+    assert tools.answers_with_result(f"The answer is {r}.", case)
+    assert tools.answers_with_result(f"<think>\nIt says {r}.\n</think>\n\nIt is {r}.", case)
+    assert not tools.answers_with_result(f"<think>\nIt says {r}.\n</think>\n\nIt is warm.", case)
+    assert not tools.answers_with_result(f"It is {r}3.", case)                   # a longer number
+    assert not tools.answers_with_result(tools.call_text("again", {"x": r}), case)   # another call
+
+
 def test_training_style_cases_are_calls_the_measure_accepts():
     for case in stage.training_style_cases(tools, 30, seed=3):
         assert case["name"] in [t["function"]["name"] for t in case["tools"]]

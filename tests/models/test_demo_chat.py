@@ -30,6 +30,8 @@ MODEL = Path(os.environ["APPLIANCE_DEMO_MODEL"]) if os.environ.get("APPLIANCE_DE
 # parser gives 0. The bar the demo model is trained toward is 0.8 (scripts/demo_chat_stage.py).
 SERVED_FLOOR = 0.7
 THINKING_FLOOR = 0.6
+# the same prompts after the right call and its result (25 of 30 answered with it as shipped)
+ROUND_TRIP_FLOOR = 0.7
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 WEATHER = tools.tool_schema("get_weather", "Get the current weather for a city", "city", "the city")
 RECIPE = tools.tool_schema("find_recipe", "Find a recipe for a dish", "dish", "the dish")
@@ -79,6 +81,16 @@ def test_held_out_tool_calls_as_served_thinking_on_with_the_reasoning_split_out(
     thought = [m for _, m in replies if m.get("reasoning_content")]
     assert len(thought) >= 0.8 * len(replies)              # the model thinks first when thinking is on
     assert all("<think>" not in (m.get("content") or "") for _, m in replies)
+
+
+def test_held_out_round_trips_as_served_answer_with_the_result(server):
+    hits, replies = 0, []
+    for case in tools.round_trip_cases():
+        choice = chat(server, case["messages"], case["tools"], max_tokens=48)
+        content = choice["message"].get("content") or ""
+        replies.append((case["result"], content))
+        hits += not choice["message"].get("tool_calls") and tools.answers_with_result(content, case)
+    assert hits / 30 >= ROUND_TRIP_FLOOR, replies
 
 
 def test_a_tool_round_trip_with_the_openai_sdk(server):
