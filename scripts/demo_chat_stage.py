@@ -937,9 +937,7 @@ def run_chat_stage(args, base_module, log) -> None:
     log(f"chat stage: {len(plain)} twin pieces, cosine {twin_cosine(embed.data, plain, spaced):.2f}")
     # the best checkpoint so far (keep_best), kept on disk so that a resumed run still knows it
     best_path = work / "best_checkpoint.pt"
-    best = torch.load(best_path, weights_only=False) if best_path.exists() and not args.fresh else \
-        {"score": -1.0, "state": None, "step": 0}
-    best["path"] = best_path
+    best = load_best(best_path, args.fresh, log)
     budget, run_end = args.budget_min * 60, time.time() + args.run_min * 60
     t_start, t_ckpt = time.time() - elapsed, time.time()
     sums = new_sums()
@@ -1014,7 +1012,7 @@ def run_chat_stage(args, base_module, log) -> None:
         if time.time() - t_ckpt > args.checkpoint_min * 60:
             save()
             model.eval()       # progress on what this stage is for, at every checkpoint
-            with average.swapped_in(model) if average else nullcontext():
+            with average.swapped_in() if average else nullcontext():
                 acc, texts = tool_accuracy(model, chat_tok, tool_task, thinking=False)
                 acc_on, _ = tool_accuracy(model, chat_tok, tool_task, thinking=True)
                 held = call_parts(model, chat_tok, tool_task.held_out_cases())
@@ -1037,27 +1035,29 @@ def run_chat_stage(args, base_module, log) -> None:
 
     model.eval()
     if average:
-        average.copy_into(model)
-    calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
+        average.copy_in()
+
+    def final_measures():       # what the last-or-best choice and the final log both read
+        calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
+        return calls, copy_share(model, chat_tok), round_trip_share(model, chat_tok, tool_task)
+    calls, copied, answered = final_measures()
     if best["state"] is not None:
         both = calls[False][0] + calls[True][0]
         held = call_parts(model, chat_tok, tool_task.held_out_cases())
         recall = base_module.needle_recall(model, chat_tok, 1024, 5)
-        score = pick_score(both, held, copy_share(model, chat_tok), round_trip_share(model, chat_tok, tool_task))
-        if recall < KEEP_RECALL or score < best["score"]:
+        if recall < KEEP_RECALL or pick_score(both, held, copied, answered) < best["score"]:
             model.load_state_dict(best["state"])
             log(f"chat stage: the last step's model is not the best (calls off + on {both:.2f}, recall "
                 f"{recall:.2f}); exporting step {best['step']}'s")
-            calls = {thinking: tool_accuracy(model, chat_tok, tool_task, thinking) for thinking in (False, True)}
+            calls, copied, answered = final_measures()
     for thinking, (acc, texts) in calls.items():
         log(f"held-out tool calls (30 unseen tools, torch greedy, thinking {'on' if thinking else 'off'}): {acc:.2f}"
             f"; first reply {texts[0]!r}")
     for context in args.eval_contexts:
         log(f"needle recall (torch, greedy, held-out filler) at {context}: "
             f"{base_module.needle_recall(model, chat_tok, context, args.eval_trials):.2f}")
-    log(f"held-out copy share (quote, rename, extract; torch greedy): {copy_share(model, chat_tok):.2f}")
-    log(f"held-out round trips answered with the result (torch greedy, thinking off): "
-        f"{round_trip_share(model, chat_tok, tool_task):.2f}")
+    log(f"held-out copy share (quote, rename, extract; torch greedy): {copied:.2f}")
+    log(f"held-out round trips answered with the result (torch greedy, thinking off): {answered:.2f}")
     sample = chat_tok.apply_chat_template([{"role": "user", "content": "What does json.dumps do?"}])
     log(f"sample (thinking on): {generate(model, chat_tok, chat_tok.encode(sample), 60)!r}")
     export(model, tok_dir, args.out, work, base_module)
@@ -1078,6 +1078,25 @@ def pick_score(calls: float, held: dict, copied: float, answered: float) -> floa
     return calls + held["value"] + held["first"] + copied + answered
 
 
+# the terms pick_score adds, saved with the best checkpoint: a score summed from other terms is
+# on another scale (adding the round trips raised every score by up to 1)
+PICK_TERMS = "calls off + on, first name token, value, copy share, round trips"
+
+
+def load_best(path: Path, fresh: bool, log) -> dict:
+    """The best checkpoint a resumed run keeps (keep_best). One scored by other terms keeps its
+    weights but not its score, so the next checkpoint measured replaces it."""
+    if fresh or not path.exists():
+        return {"score": -1.0, "state": None, "step": 0, "path": path}
+    import torch
+    best = torch.load(path, weights_only=False)
+    if best.get("pick") != PICK_TERMS:
+        log(f"chat stage: the best checkpoint so far (step {best['step']}) was scored by other terms; "
+            f"the next checkpoint replaces it")
+        best["score"] = -1.0
+    return dict(best, path=path)
+
+
 def keep_best(best: dict, model, step: int, score: float, recall: float, log) -> None:
     """Remember the model of the best checkpoint so far: the highest pick_score among those that
     keep needle recall. Recall swings between checkpoints (0.20 to 0.80 and back in one run), so
@@ -1085,7 +1104,7 @@ def keep_best(best: dict, model, step: int, score: float, recall: float, log) ->
     if recall >= KEEP_RECALL and score > best["score"]:
         import torch
         best.update(score=score, step=step, state={k: v.detach().clone() for k, v in model.state_dict().items()})
-        torch.save({k: best[k] for k in ("score", "step", "state")}, best["path"])
+        torch.save({**{k: best[k] for k in ("score", "step", "state")}, "pick": PICK_TERMS}, best["path"])
         log(f"chat step {step:5d} is the best so far (score {score:.2f}, recall {recall:.2f})")
 
 

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 class WeightAverage:
     """avg <- decay * avg + (1 - decay) * weights, over the model's floating-point parameters.
 
-    The average lives beside the model (one more copy of the weights); `swapped_in` puts it into
-    the model for a measurement and restores the trained weights after, so training goes on from
-    where it was.
+    The average lives beside the model it was made for (one more copy of the weights);
+    `swapped_in` puts it into that model for a measurement and restores the trained weights
+    after, so training goes on from where it was.
     """
 
     def __init__(self, model, decay: float, state: dict | None = None):
@@ -38,23 +38,22 @@ class WeightAverage:
     def state_dict(self) -> dict:
         return {name: t.clone() for name, t in self.avg.items()}
 
-    def copy_into(self, model) -> None:
+    def copy_in(self) -> None:
         """Leave the averaged weights in the model (for export)."""
-        import torch
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in self.avg:
-                    p.copy_(self.avg[name])
+        self._load(self.avg)
 
     @contextmanager
-    def swapped_in(self, model):
+    def swapped_in(self):
         """The model holds the averaged weights inside the block, its own weights after it."""
-        import torch
         trained = {name: p.detach().clone() for name, p in self.params.items()}
-        self.copy_into(model)
+        self.copy_in()
         try:
-            yield model
+            yield
         finally:
-            with torch.no_grad():
-                for name, p in self.params.items():
-                    p.copy_(trained[name])
+            self._load(trained)
+
+    def _load(self, weights: dict) -> None:
+        import torch
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(weights[name])

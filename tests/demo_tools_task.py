@@ -338,6 +338,13 @@ def tool_result(rng: random.Random):
     return made_up_value(rng)
 
 
+def call_and_result(call_id: str, name: str, arguments: dict, body: dict) -> list[dict]:
+    """The two turns a client sends after a call: the assistant's call, then the tool's result."""
+    return [{"role": "assistant", "content": "", "tool_calls": [{
+                "id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
+
+
 def tool_sample(rng: random.Random):
     """A training question with 1-4 tools offered: the call, or (after the call) the answer from
     the tool's result."""
@@ -360,10 +367,7 @@ def tool_sample(rng: random.Random):
             echo = value if rng.random() < 0.5 else value.lower() + rng.choice(["-1", "_main", "-thermal", "0"])
             body = {pick["parameter"]: echo, key: result} if rng.random() < 0.7 else {key: result, "of": echo}
         result = str(result)
-        messages += [{"role": "assistant", "content": "", "tool_calls": [{
-                          "id": call_id, "type": "function",
-                          "function": {"name": pick["name"], "arguments": json.dumps({pick["parameter"]: value})}}]},
-                     {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
+        messages += call_and_result(call_id, pick["name"], {pick["parameter"]: value}, body)
         answer = rng.choice(ANSWERS).format(t=pick["topic"].lower(), v=value, r=result)
         thought = f"The tool says the {pick['topic'].lower()} of {value} is {result}." if thinking else None
         reply = reply_text(answer, thought)
@@ -398,13 +402,9 @@ def round_trip_cases(seed: int = 1) -> list[dict]:
     cases = []
     for i, case in enumerate(held_out_cases()):
         result, key = str(rng.randint(11, 98)), HELD_OUT_RESULT_KEYS[i % len(HELD_OUT_RESULT_KEYS)]
-        call_id = f"call_{i:08x}"
         body = {case["parameter"]: case["value"], key: int(result)} if i % 2 else {key: int(result)}
-        messages = case["messages"] + [
-            {"role": "assistant", "content": "", "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": case["name"], "arguments": json.dumps({case["parameter"]: case["value"]})}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body)}]
+        messages = case["messages"] + call_and_result(f"call_{i:08x}", case["name"],
+                                                      {case["parameter"]: case["value"]}, body)
         cases.append({"messages": messages, "tools": case["tools"], "result": result})
     return cases
 

@@ -66,6 +66,20 @@ def test_keep_best_needs_the_recall_and_a_better_score(tmp_path):
     assert saved["step"] == 40 and torch.equal(saved["state"]["weight"], model.weight)
 
 
+def test_a_best_checkpoint_scored_by_other_terms_is_kept_without_its_score(tmp_path):
+    model, lines = torch.nn.Linear(2, 2), []
+    path = tmp_path / "best.pt"
+    assert stage.load_best(path, False, lines.append)["state"] is None         # none yet
+    best = stage.load_best(path, False, lines.append)
+    stage.keep_best(best, model, 20, 4.5, 1.0, lines.append)
+    resumed = stage.load_best(path, False, lines.append)
+    assert (resumed["score"], resumed["step"], resumed["path"]) == (4.5, 20, path)
+    assert stage.load_best(path, True, lines.append)["state"] is None          # --fresh
+    torch.save({"score": 4.0, "step": 10, "state": model.state_dict()}, path)  # before the round trips counted
+    older = stage.load_best(path, False, lines.append)
+    assert older["score"] == -1.0 and older["step"] == 10 and "other terms" in lines[-1]
+
+
 class _Pools:
     """A small stand-in for demo_tools_task's pools, which the copy-heavy tasks draw from."""
     # Python keywords among the words, as the corpus has them: a function must never use one
@@ -172,15 +186,20 @@ def test_the_shipped_log_keeps_every_checkpoint_line_and_a_loss_line_every_few_h
     assert any("call parts right" in line for line in thinned)
 
 
-def test_spelling_values_split_apart_after_a_quote_and_the_line_marks_the_written_value():
-    import random
-
+def demo_tokenizer_and_tools():
+    """The shipped demo model's tokenizer and the tool task, as the stage's measures take them."""
     from appliance.engine.tokenizer import Tokenizer
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import demo_tools_task as tools
 
-    tok = Tokenizer(Path(__file__).resolve().parents[1] / "appliance" / "demo_model", {2})
+    return Tokenizer(Path(__file__).resolve().parents[1] / "appliance" / "demo_model", {2}), tools
+
+
+def test_spelling_values_split_apart_after_a_quote_and_the_line_marks_the_written_value():
+    import random
+
+    tok, tools = demo_tokenizer_and_tools()
     data = stage.ChatData.__new__(stage.ChatData)
     data.chat_tok, data.tools, data.rng = tok, tools, random.Random(0)
 
@@ -201,12 +220,7 @@ def test_round_trip_share_reads_the_result_the_template_rendered(monkeypatch):
     import json
     import re
 
-    from appliance.engine.tokenizer import Tokenizer
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import demo_tools_task as tools
-
-    tok = Tokenizer(Path(__file__).resolve().parents[1] / "appliance" / "demo_model", {2})
+    tok, tools = demo_tokenizer_and_tools()
 
     def answer(model, chat_tok, prompt_ids, max_new_tokens):
         prompt = chat_tok.decode(prompt_ids)

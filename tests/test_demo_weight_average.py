@@ -47,7 +47,7 @@ def test_swapped_in_measures_the_average_and_restores_the_weights():
     average.update()
     step(model, 4.0)
     x = torch.ones(1, 4)
-    with average.swapped_in(model):
+    with average.swapped_in():
         inside = model(x)
         assert all(torch.equal(p, average.avg[n]) for n, p in model.named_parameters())
     assert all(bool((p == 4.0).all()) for p in model.parameters())
@@ -66,12 +66,12 @@ def test_resumed_average_carries_on_and_a_foreign_one_starts_over():
     assert all(torch.equal(foreign.avg[n], p) for n, p in model.named_parameters())
 
 
-def test_copy_into_leaves_the_average_for_export():
+def test_copy_in_leaves_the_average_for_export():
     model = small_model()
     average = WeightAverage(model, 0.5)
     step(model, 2.0)
     average.update()
-    average.copy_into(model)
+    average.copy_in()
     assert all(torch.equal(p, average.avg[n]) for n, p in model.named_parameters())
 
 
