@@ -23,6 +23,8 @@
  * cut into parts that threads scan side by side, merged in part order. The cut depends on the list
  * alone, never on the threads or the other queries, so decode and prefill agree bit for bit. */
 #define ATTN_SPLIT_BLOCKS 32
+/* K and V a unit of a many-query call may read, about half a core's L2 (A76: 512 KB). */
+#define ATTN_UNIT_CACHE_BYTES (256 * 1024)
 
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
@@ -393,6 +395,18 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
      * this choice (nor on the threads). */
     const int64_t want = 2 * (int64_t)nt;   /* tile_parts: units of one head range */
     int64_t ranges = keep ? n_kv : tile_parts >= want ? 1 : (want + tile_parts - 1) / (tile_parts > 0 ? tile_parts : 1);
+    if (!keep && Tmax > ATTN_QTILE) {
+        /* Several query tiles read the same slabs (prefill, an image's patches): a unit's heads
+         * then keep their K and V within ATTN_UNIT_CACHE_BYTES, so that the next tile of the same
+         * heads, taken next from the pool's counter, finds them in this core's cache. All heads a
+         * unit read 6.4 MB a tile for a 784-patch image, streamed again by each of its 196 tiles. */
+        const int64_t kv_row = kind == KV_Q8 ? hd + 4 : kind == KV_Q4 ? hd / 2 + 4 * (hd / QK) : 4 * hd;
+        const int64_t blocks = nsel_max < ATTN_SPLIT_BLOCKS ? nsel_max : ATTN_SPLIT_BLOCKS;
+        const int64_t per_head = 2 * blocks * bs * kv_row;
+        const int64_t fit = per_head > 0 && ATTN_UNIT_CACHE_BYTES / per_head > 1 ? ATTN_UNIT_CACHE_BYTES / per_head : 1;
+        const int64_t need = (n_kv + fit - 1) / fit;
+        ranges = ranges > need ? ranges : need;
+    }
     ranges = ranges < n_kv ? ranges : n_kv;
     const int64_t hper = (n_kv + ranges - 1) / ranges;
     const int64_t ngroups = (n_kv + hper - 1) / hper;

@@ -55,6 +55,17 @@ void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
     silu_mul_portable(gate, up, n, out);
 }
 
+void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                     float *out)
+{
+    layer_norm_portable(x, w, b, M, D, eps, out);
+}
+
+void gelu_tanh_simd(const float *x, int64_t n, float *out)
+{
+    gelu_tanh_portable(x, n, out);
+}
+
 void attention_q8_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
                        const int8_t *k, const float *ks, const int8_t *v, const float *vs,
                        int64_t bs, const int32_t *table, const int32_t *blockpos,

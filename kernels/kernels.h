@@ -84,6 +84,18 @@ void rope_simd(float *x, int64_t M, int64_t H, int64_t hd, const int32_t *pos, c
 void silu_mul_portable(const float *gate, const float *up, int64_t n, float *out);
 void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out);
 
+/* out[m, :] = (x[m, :] - mean) / sqrt(var + eps) * w + b, mean and (biased) variance of the row
+ * (x float[M, D], w and b float[D]): the vision tower's LayerNorm; out may alias x */
+void layer_norm_portable(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                         float *out);
+void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                     float *out);
+
+/* out[i] = 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as x / (1 + exp(-2z))
+ * (the same function; GELU's tanh form, the vision tower's); n elements; out may alias x */
+void gelu_tanh_portable(const float *x, int64_t n, float *out);
+void gelu_tanh_simd(const float *x, int64_t n, float *out);
+
 /* ---- attention over the paged KV cache -------------------------------- */
 /* Cache layout for one layer, head-major inside a block (block = `bs` tokens):
  *   q8 : k int8[nblk, n_kv, bs, hd],  ks float[nblk, n_kv, bs]   (per token,head max-abs scale)

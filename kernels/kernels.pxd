@@ -42,6 +42,12 @@ cdef extern from "kernels.h" nogil:
     void rope_simd(float *x__mhd, int64_t M, int64_t H, int64_t hd, const int32_t *pos__m, const float *inv_freq__h)
     void silu_mul_portable(const float *gate, const float *up, int64_t n, float *out)
     void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
+    void layer_norm_portable(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                             float *out)
+    void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                         float *out)
+    void gelu_tanh_portable(const float *x, int64_t n, float *out)
+    void gelu_tanh_simd(const float *x, int64_t n, float *out)
 
     void attention_q8_portable(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
                                const int8_t *k, const float *ks, const int8_t *v, const float *vs,

@@ -403,6 +403,54 @@ def silu_mul(gate, up, out=None, path="simd"):
     return out
 
 
+def layer_norm(x, w, b, float eps, out=None, path="simd"):
+    """out float32[M, D] = (x - mean) / sqrt(var + eps) * w + b over each row; `out` may be `x`."""
+    cdef bint simd = _use_simd(path)
+    _check(x, "x", cnp.NPY_FLOAT32, 2, 0, "float32 [M, D]")
+    _check(w, "w", cnp.NPY_FLOAT32, 1, 0, "float32 [D]")
+    _check(b, "b", cnp.NPY_FLOAT32, 1, 0, "float32 [D]")
+    cdef Py_ssize_t M = _dim(x, 0), D = _dim(x, 1)
+    _check_dim(_dim(w, 0), D, "w.shape[0]")
+    _check_dim(_dim(b, 0), D, "b.shape[0]")
+    out = _out2(out, M, D)
+    cdef const float *xp = <const float *>_data(x)
+    cdef const float *wp = <const float *>_data(w)
+    cdef const float *bp = <const float *>_data(b)
+    cdef float *op = <float *>_data(out)
+    if M == 0 or D == 0:
+        return out
+    with nogil:
+        if simd:
+            layer_norm_simd(xp, wp, bp, M, D, eps, op)
+        else:
+            layer_norm_portable(xp, wp, bp, M, D, eps, op)
+    return out
+
+
+def gelu_tanh(x, out=None, path="simd"):
+    """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) elementwise, any shape; `out` may be `x`."""
+    cdef bint simd = _use_simd(path)
+    _check_any(x, "x", 0)
+    if out is None:
+        out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(<cnp.ndarray>x), cnp.PyArray_DIMS(<cnp.ndarray>x),
+                                cnp.NPY_FLOAT32, 0)
+    else:
+        _check_any(out, "out", 1)
+        if out.shape != x.shape:
+            raise ValueError(f"out has shape {out.shape}, x has {x.shape}")
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>x)
+    cdef const float *xp = <const float *>_data(x)
+    cdef float *op = <float *>_data(out)
+    if n == 0:
+        return out
+    with nogil:
+        if simd:
+            gelu_tanh_simd(xp, n, op)
+        else:
+            gelu_tanh_portable(xp, n, op)
+    return out
+
+
 include "attention.pxi"
 include "kv.pxi"
 

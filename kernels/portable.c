@@ -177,6 +177,32 @@ void silu_mul_portable(const float *gate, const float *up, int64_t n, float *out
     }
 }
 
+void layer_norm_portable(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                         float *out)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *orow = out + m * D;
+        double sum = 0.0, ss = 0.0;
+        for (int64_t i = 0; i < D; i++)
+            sum += xr[i];
+        const float mean = (float)(sum / (double)D);
+        for (int64_t i = 0; i < D; i++) {
+            const double d = (double)xr[i] - (double)mean;
+            ss += d * d;
+        }
+        const float r = 1.0f / sqrtf((float)(ss / (double)D) + eps);
+        for (int64_t i = 0; i < D; i++)
+            orow[i] = (xr[i] - mean) * r * w[i] + b[i];
+    }
+}
+
+void gelu_tanh_portable(const float *x, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gelu_tanh_one(x[i]);
+}
+
 /* ---- attention primitives (see attention_impl.h) --------------------------- */
 
 static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq, float *qd)

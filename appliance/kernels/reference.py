@@ -71,6 +71,27 @@ def silu_mul(gate, up, out=None, path="simd"):
     return y.astype(np.float32)
 
 
+def layer_norm(x, w, b, eps, out=None, path="simd"):
+    mean = x.mean(-1, keepdims=True, dtype=np.float64).astype(np.float32)
+    d = x - mean
+    y = d / np.sqrt((d * d).mean(-1, keepdims=True) + np.float32(eps)) * w + b
+    if out is not None:
+        out[...] = y
+        return out
+    return y.astype(np.float32)
+
+
+def gelu_tanh(x, out=None, path="simd"):
+    """As the kernels: x / (1 + exp(-2z)), x raised to -20 first (1 + tanh(z) cancels in float32)."""
+    v = np.maximum(x, np.float32(-20.0))
+    with np.errstate(over="ignore"):
+        y = v / (np.float32(1.0) + np.exp(np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)))
+    if out is not None:
+        out[...] = y
+        return out
+    return y.astype(np.float32)
+
+
 _dequantize_kv = quant.dequantize_kv
 _q8 = quant.requantize_rows_q8
 

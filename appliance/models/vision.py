@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from appliance.kernels.dispatch import kernels
 from appliance.models.qwen3 import rope_inv_freq
 from appliance.weights.linear import Linear
 from appliance.errors import ModelLoadError
@@ -132,15 +133,14 @@ def vision_plan(cfg: VisionConfig, prefix: str = "model.visual.") -> list[Tensor
 # ---- numerics that only the vision tower needs ------------------------------------------
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    mean = x.mean(-1, keepdims=True)
-    d = x - mean
-    var = (d * d).mean(-1, keepdims=True)
-    return (d / np.sqrt(var + np.float32(eps)) * w + b).astype(np.float32)
+    """Over the last axis of float32[..., D] (the kernel: numpy's took 0.3 s of a 448x448 encode)."""
+    shape = x.shape
+    return kernels.layer_norm(np.ascontiguousarray(x).reshape(-1, shape[-1]), w, b, eps).reshape(shape)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    return (0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))).astype(np.float32)
+    """GELU's tanh form, in place (the kernel: numpy's tanh took 0.95 s of a 448x448 encode)."""
+    return kernels.gelu_tanh(x, out=x)
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
@@ -203,28 +203,45 @@ class VisionBlock:
         x = layer_norm(h, *self.norm1)
         with timer.gemm():
             qkv = self.qkv(x).reshape(n, 3, heads, hd)
-        q = _rotate(qkv[:, 0], cos, sin).transpose(1, 0, 2)       # [heads, N, hd]
-        k = _rotate(qkv[:, 1], cos, sin).transpose(1, 0, 2)
-        v = np.ascontiguousarray(qkv[:, 2].transpose(1, 0, 2))
+        q = _rotate(qkv[:, 0], cos, sin)                          # [N, heads, hd]
+        k = _rotate(qkv[:, 1], cos, sin)
         with timer.attn():
-            s = np.matmul(q, k.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(hd))   # [heads, N, N]
-            s -= s.max(-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(-1, keepdims=True)
-            a = np.matmul(s, v).transpose(1, 0, 2).reshape(n, heads * hd)
+            a = _attention(q, k, qkv[:, 2], np.float32(1.0 / math.sqrt(hd)))
         with timer.gemm():
-            h += self.proj(np.ascontiguousarray(a))
+            h += self.proj(a.reshape(n, heads * hd))
             x = self.fc1(layer_norm(h, *self.norm2))
         x = self.act(x)
         with timer.gemm():
             h += self.fc2(x)
 
 
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:
+    """Bidirectional attention of one image's patches: q, k, v float32[N, heads, hd] -> float32[N,
+    heads, hd]. With head_dim a multiple of 32 (every Qwen3-VL tower: 64), on the attention kernel's
+    float32 path: the patches are one cache block [1, heads, N, hd] that every query sees whole
+    (all query positions last). No [heads, N, N] score matrix (39 MB a block at 448x448) and no
+    BLAS threads spinning beside the GEMMs' pool: 70 -> 34 ms a block on 2 Zen 3 cores."""
+    n, heads, hd = q.shape
+    if hd % QK:
+        kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+        s = np.matmul(q.transpose(1, 0, 2), kh.transpose(0, 2, 1)) * scale     # [heads, N, N]
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(-1, keepdims=True)
+        return np.ascontiguousarray(np.matmul(s, vh).transpose(1, 0, 2))
+    block = np.zeros(1, np.int32)          # table and block position: the one block, at 0
+    return kernels.attention_f32(np.ascontiguousarray(q), np.ascontiguousarray(k.transpose(1, 0, 2))[None],
+                                 np.ascontiguousarray(v.transpose(1, 0, 2))[None], block, block,
+                                 np.full(1, n, np.int32), np.full(n, n - 1, np.int32), float(scale))
+
+
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE: x float32[N, heads, hd], cos/sin float32[N, hd]."""
     half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos[:, None, :] + rotated * sin[:, None, :]).astype(np.float32)
+    out = x * cos[:, None, :]
+    out[..., :half] -= x[..., half:] * sin[:, None, :half]
+    out[..., half:] += x[..., :half] * sin[:, None, half:]
+    return out
 
 
 class VisionTower:

@@ -315,4 +315,57 @@ void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
     }
 }
 
+/* Two passes over the row, as avx2.c: its mean, then the squares around it. */
+void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                     float *out)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *orow = out + m * D;
+        float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
+        int64_t i = 0;
+        for (; i + 8 <= D; i += 8) {
+            s0 = vaddq_f32(s0, vld1q_f32(xr + i));
+            s1 = vaddq_f32(s1, vld1q_f32(xr + i + 4));
+        }
+        float sum = vaddvq_f32(vaddq_f32(s0, s1));
+        for (; i < D; i++)
+            sum += xr[i];
+        const float mean = sum / (float)D;
+        const float32x4_t vmean = vdupq_n_f32(mean);
+        s0 = vdupq_n_f32(0.0f);
+        s1 = vdupq_n_f32(0.0f);
+        for (i = 0; i + 8 <= D; i += 8) {
+            const float32x4_t a = vsubq_f32(vld1q_f32(xr + i), vmean), c = vsubq_f32(vld1q_f32(xr + i + 4), vmean);
+            s0 = vfmaq_f32(s0, a, a);
+            s1 = vfmaq_f32(s1, c, c);
+        }
+        float ss = vaddvq_f32(vaddq_f32(s0, s1));
+        for (; i < D; i++)
+            ss += (xr[i] - mean) * (xr[i] - mean);
+        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        for (i = 0; i + 4 <= D; i += 4) {
+            const float32x4_t nrm = vmulq_n_f32(vsubq_f32(vld1q_f32(xr + i), vmean), r);
+            vst1q_f32(orow + i, vfmaq_f32(vld1q_f32(b + i), nrm, vld1q_f32(w + i)));
+        }
+        for (; i < D; i++)
+            orow[i] = (xr[i] - mean) * r * w[i] + b[i];
+    }
+}
+
+/* x raised to GELU_TANH_LOW first, as avx2.c (the result there is below 1e-37). */
+void gelu_tanh_simd(const float *x, int64_t n, float *out)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f), low = vdupq_n_f32(GELU_TANH_LOW);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vmaxq_f32(vld1q_f32(x + i), low);
+        const float32x4_t z = vfmaq_f32(v, vmulq_n_f32(v, 0.044715f), vmulq_f32(v, v));
+        const float32x4_t e = exp_f32x4(vmulq_n_f32(z, GELU_TANH_K));
+        vst1q_f32(out + i, vdivq_f32(v, vaddq_f32(one, e)));
+    }
+    for (; i < n; i++)
+        out[i] = gelu_tanh_one(x[i]);
+}
+
 #endif /* KERNELS_NEON */

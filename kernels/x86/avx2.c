@@ -510,4 +510,68 @@ void silu_mul_simd(const float *gate, const float *up, int64_t n, float *out)
     }
 }
 
+/* Two passes over the row: its mean, then the squares around it (one pass of sum and sum of
+ * squares loses digits when the mean is large against the spread). */
+void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, int64_t D, float eps,
+                     float *out)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *orow = out + m * D;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= D; i += 16) {
+            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(xr + i));
+            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(xr + i + 8));
+        }
+        for (; i + 8 <= D; i += 8)
+            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(xr + i));
+        float sum = hsum_ps(_mm256_add_ps(s0, s1));
+        for (; i < D; i++)
+            sum += xr[i];
+        const float mean = sum / (float)D;
+        const __m256 vmean = _mm256_set1_ps(mean);
+        s0 = _mm256_setzero_ps();
+        s1 = _mm256_setzero_ps();
+        for (i = 0; i + 16 <= D; i += 16) {
+            const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean);
+            const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(xr + i + 8), vmean);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+            s1 = _mm256_fmadd_ps(c, c, s1);
+        }
+        for (; i + 8 <= D; i += 8) {
+            const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+        }
+        float ss = hsum_ps(_mm256_add_ps(s0, s1));
+        for (; i < D; i++)
+            ss += (xr[i] - mean) * (xr[i] - mean);
+        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        const __m256 vr = _mm256_set1_ps(r);
+        for (i = 0; i + 8 <= D; i += 8) {
+            const __m256 n = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean), vr);
+            _mm256_storeu_ps(orow + i, _mm256_fmadd_ps(n, _mm256_loadu_ps(w + i), _mm256_loadu_ps(b + i)));
+        }
+        for (; i < D; i++)
+            orow[i] = (xr[i] - mean) * r * w[i] + b[i];
+    }
+}
+
+/* Below GELU_TANH_LOW the result is below 1e-37: x is raised to it, since exp_ps clamps its
+ * argument and x / (1 + exp(88.7)) would not vanish for x near -3e38 (kernels.h). */
+void gelu_tanh_simd(const float *x, int64_t n, float *out)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), c3 = _mm256_set1_ps(0.044715f);
+    const __m256 k = _mm256_set1_ps(GELU_TANH_K), low = _mm256_set1_ps(GELU_TANH_LOW);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_max_ps(_mm256_loadu_ps(x + i), low);
+        const __m256 z = _mm256_fmadd_ps(_mm256_mul_ps(c3, v), _mm256_mul_ps(v, v), v);
+        const __m256 e = exp_ps(_mm256_mul_ps(k, z));
+        _mm256_storeu_ps(out + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+    for (; i < n; i++)
+        out[i] = gelu_tanh_one(x[i]);
+}
+
 #endif /* KERNELS_AVX2 */

@@ -119,31 +119,40 @@ static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int
     scores_int8(1, qq, qd, group, hd, work, ks, n, scale, s, ld);
 }
 
+/* Scores of `group` query rows against n float key rows k float[n, hd]: s = (q . k) * scale.
+ * Tiles of four query rows x two key rows share their loads (six loads for eight multiply-adds;
+ * row by row it was two for one, and the loads bound the loop). Each pair's dot is one chain of
+ * eight-lane multiply-adds over hd, its lanes summed by hsum8_ps, so a score does not depend on
+ * the tile it was computed in: rows and keys past the ends repeat the last one, computed and not
+ * stored. */
 static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
                             float scale, float *s, int64_t ld)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t g = 0; g < group; g++) {
-        const float *qg = q + g * hd;
-        for (int64_t j0 = 0; j0 < n; j0 += 8) {
-            const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
+    for (int64_t g0 = 0; g0 < group; g0 += 4) {
+        const float *qr[4];
+        for (int i = 0; i < 4; i++)
+            qr[i] = q + (g0 + i < group ? g0 + i : group - 1) * hd;
+        for (int64_t j0 = 0; j0 < n; j0 += 2) {
+            const float *k0 = k + j0 * hd, *k1 = k + (j0 + 1 < n ? j0 + 1 : j0) * hd;
             __m256 v[8];
-            for (int jj = 0; jj < 8; jj++) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                if (jj < cnt) {
-                    const float *kr = k + (j0 + jj) * hd;
-                    for (int64_t d = 0; d < hd; d += 16) {   /* hd is a multiple of 32 */
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kr + d), a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(kr + d + 8), a1);
-                    }
+            for (int i = 0; i < 8; i++)
+                v[i] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < hd; d += 8) {
+                const __m256 a = _mm256_loadu_ps(k0 + d), b = _mm256_loadu_ps(k1 + d);
+                for (int i = 0; i < 4; i++) {
+                    const __m256 x = _mm256_loadu_ps(qr[i] + d);
+                    v[2 * i] = _mm256_fmadd_ps(x, a, v[2 * i]);
+                    v[2 * i + 1] = _mm256_fmadd_ps(x, b, v[2 * i + 1]);
                 }
-                v[jj] = _mm256_add_ps(a0, a1);
             }
-            const __m256 sums = _mm256_mul_ps(hsum8_ps(v), vscale);
-            float tmp[8];
-            _mm256_storeu_ps(tmp, sums);
-            for (int jj = 0; jj < cnt; jj++)
-                s[g * ld + j0 + jj] = tmp[jj];
+            float t[8];
+            _mm256_storeu_ps(t, _mm256_mul_ps(hsum8_ps(v), vscale));
+            for (int i = 0; i < 4 && g0 + i < group; i++) {
+                s[(g0 + i) * ld + j0] = t[2 * i];
+                if (j0 + 1 < n)
+                    s[(g0 + i) * ld + j0 + 1] = t[2 * i + 1];
+            }
         }
     }
 }

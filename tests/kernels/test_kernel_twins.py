@@ -13,7 +13,7 @@ from appliance.kernels import reference
 
 from kernel_cases import PATHS, gemm_abs_bound, make_case
 from test_kernels_attention import ATTN_TOL
-from test_kernels_elementwise import RMSNORM_RTOL, ROPE_ATOL, SILU_RTOL
+from test_kernels_elementwise import GELU_ATOL, GELU_RTOL, LAYER_NORM_RTOL, RMSNORM_RTOL, ROPE_ATOL, SILU_RTOL
 from test_kernels_gemm import GEMM_RTOL
 
 
@@ -61,6 +61,12 @@ def test_elementwise(path):
 
     g, u = (rng.standard_normal((3, 300)) * 4).astype(np.float32), rng.standard_normal((3, 300)).astype(np.float32)
     np.testing.assert_allclose(K.silu_mul(g, u, path=path), reference.silu_mul(g, u), rtol=SILU_RTOL, atol=1e-30)
+
+    b = rng.standard_normal(384).astype(np.float32)
+    want = reference.layer_norm(x, w, b, 1e-6)
+    np.testing.assert_allclose(K.layer_norm(x, w, b, 1e-6, path=path), want, rtol=LAYER_NORM_RTOL,
+                               atol=LAYER_NORM_RTOL * np.abs(want).max())
+    np.testing.assert_allclose(K.gelu_tanh(g, path=path), reference.gelu_tanh(g), rtol=GELU_RTOL, atol=GELU_ATOL)
 
 
 @pytest.mark.parametrize("path", PATHS)

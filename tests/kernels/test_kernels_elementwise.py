@@ -1,4 +1,4 @@
-"""rmsnorm, rope, silu_mul against numpy float64."""
+"""rmsnorm, rope, silu_mul, layer_norm, gelu_tanh against numpy float64."""
 import numpy as np
 import pytest
 
@@ -99,3 +99,66 @@ def test_silu_mul_extremes(path):
     with np.errstate(over="ignore"):
         ref = g64 / (1 + np.exp(-g64))
     np.testing.assert_allclose(y, ref, rtol=SILU_RTOL, atol=1e-35)
+
+
+LAYER_NORM_RTOL = 4e-6   # float32 sums over D (SIMD lanes) against float64, two passes
+GELU_RTOL = 4e-6         # vectorised exp within a few ulp of expf, then one division
+GELU_ATOL = 1e-12        # the far negative tail, ~0: its float32 exponent (|2z| up to ~700) carries
+                         # relative error |2z| * 2^-24 into values of 1e-16 and less
+
+
+def _layer_norm_ref(x, w, b, eps):
+    x = x.astype(np.float64)
+    d = x - x.mean(axis=-1, keepdims=True)
+    return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps) * w + b
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,d", [(1, 1024), (3, 128), (5, 7), (64, 4096), (2, 1)])
+def test_layer_norm(path, m, d):
+    rng = np.random.default_rng(m * d + 1)
+    # rows far from zero mean: the two passes keep their digits where one would not
+    x = (rng.standard_normal((m, d)) * 3 + 50).astype(np.float32)
+    w, b = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    ref = _layer_norm_ref(x, w, b, 1e-6)
+    y = K.layer_norm(x, w, b, 1e-6, path=path)
+    np.testing.assert_allclose(y, ref, rtol=LAYER_NORM_RTOL, atol=LAYER_NORM_RTOL * np.abs(ref).max())
+    x2 = x.copy()
+    assert K.layer_norm(x2, w, b, 1e-6, out=x2, path=path) is x2
+    np.testing.assert_array_equal(x2, y)
+
+
+def test_layer_norm_constant_row_gives_the_bias():
+    x = np.full((2, 64), 3.5, np.float32)
+    b = np.arange(64, dtype=np.float32)
+    for path in PATHS:
+        np.testing.assert_array_equal(K.layer_norm(x, np.ones(64, np.float32), b, 1e-6, path=path),
+                                      np.broadcast_to(b, (2, 64)))
+
+
+def _gelu_tanh_ref(x):
+    """In float64, as x / (1 + exp(-2z)): 1 + tanh(z) cancels to 0 for x below about -9."""
+    x = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 33), (16, 4096), (2, 3, 5)])
+def test_gelu_tanh(path, shape):
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 4).astype(np.float32)
+    y = K.gelu_tanh(x, path=path)
+    assert y.shape == shape
+    np.testing.assert_allclose(y, _gelu_tanh_ref(x), rtol=GELU_RTOL, atol=GELU_ATOL)
+    x2 = x.copy()
+    assert K.gelu_tanh(x2, out=x2, path=path) is x2
+    np.testing.assert_array_equal(x2, y)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gelu_tanh_extremes(path):
+    """Where exp(-2z) overflows the result is -0 (x / inf), where it vanishes x itself."""
+    x = np.array([-3e38, -200, -30, -10, -1e-30, 0, 1e-30, 10, 30, 200, 3e38], np.float32)
+    y = K.gelu_tanh(x, path=path)
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, _gelu_tanh_ref(x), rtol=GELU_RTOL, atol=GELU_ATOL)
