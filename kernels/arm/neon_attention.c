@@ -95,29 +95,45 @@ static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int
     scores_int8(1, qq, qd, group, hd, work, ks, n, scale, s, ld);
 }
 
+/* Scores of `group` query rows against n float key rows k float[n, hd]: s = (q . k) * scale.
+ * Tiles of two query rows x four key rows share their loads (twelve loads for sixteen
+ * multiply-adds; row by row it was two for one, and the loads bound the loop). Each pair keeps
+ * the arithmetic it had row by row, two chains of four-lane multiply-adds (columns 0-3 and 4-7 of
+ * every 8) added, then hsum4x4_f32: a score has the same bits in any tile, and as before (a
+ * q8-weight model's next activations round the same way). Rows and keys past the ends repeat the
+ * last one, computed and not stored. */
 static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
                             float scale, float *s, int64_t ld)
 {
-    for (int64_t g = 0; g < group; g++) {
-        const float *qg = q + g * hd;
+    for (int64_t g0 = 0; g0 < group; g0 += 2) {
+        const float *q0 = q + g0 * hd, *q1 = q + (g0 + 1 < group ? g0 + 1 : g0) * hd;
         for (int64_t j0 = 0; j0 < n; j0 += 4) {
-            const int cnt = n - j0 < 4 ? (int)(n - j0) : 4;
-            float32x4_t v[4];
-            for (int jj = 0; jj < 4; jj++) {
-                float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
-                if (jj < cnt) {
-                    const float *kr = k + (j0 + jj) * hd;
-                    for (int64_t d = 0; d < hd; d += 8) {   /* hd is a multiple of 32 */
-                        a0 = vfmaq_f32(a0, vld1q_f32(qg + d), vld1q_f32(kr + d));
-                        a1 = vfmaq_f32(a1, vld1q_f32(qg + d + 4), vld1q_f32(kr + d + 4));
-                    }
+            const float *kr[4];
+            for (int jj = 0; jj < 4; jj++)
+                kr[jj] = k + (j0 + jj < n ? j0 + jj : n - 1) * hd;
+            float32x4_t lo[2][4], hi[2][4];
+            for (int i = 0; i < 2; i++)
+                for (int jj = 0; jj < 4; jj++)
+                    lo[i][jj] = hi[i][jj] = vdupq_n_f32(0.0f);
+            for (int64_t d = 0; d < hd; d += 8) {   /* hd is a multiple of 32 */
+                const float32x4_t x0 = vld1q_f32(q0 + d), x0h = vld1q_f32(q0 + d + 4);
+                const float32x4_t x1 = vld1q_f32(q1 + d), x1h = vld1q_f32(q1 + d + 4);
+                for (int jj = 0; jj < 4; jj++) {
+                    const float32x4_t a = vld1q_f32(kr[jj] + d), b = vld1q_f32(kr[jj] + d + 4);
+                    lo[0][jj] = vfmaq_f32(lo[0][jj], x0, a);
+                    hi[0][jj] = vfmaq_f32(hi[0][jj], x0h, b);
+                    lo[1][jj] = vfmaq_f32(lo[1][jj], x1, a);
+                    hi[1][jj] = vfmaq_f32(hi[1][jj], x1h, b);
                 }
-                v[jj] = vaddq_f32(a0, a1);
             }
-            float tmp[4];
-            vst1q_f32(tmp, vmulq_n_f32(hsum4x4_f32(v[0], v[1], v[2], v[3]), scale));
-            for (int jj = 0; jj < cnt; jj++)
-                s[g * ld + j0 + jj] = tmp[jj];
+            for (int i = 0; i < 2 && g0 + i < group; i++) {
+                float tmp[4];
+                vst1q_f32(tmp, vmulq_n_f32(hsum4x4_f32(vaddq_f32(lo[i][0], hi[i][0]), vaddq_f32(lo[i][1], hi[i][1]),
+                                                       vaddq_f32(lo[i][2], hi[i][2]), vaddq_f32(lo[i][3], hi[i][3])),
+                                           scale));
+                for (int jj = 0; jj < 4 && j0 + jj < n; jj++)
+                    s[(g0 + i) * ld + j0 + jj] = tmp[jj];
+            }
         }
     }
 }

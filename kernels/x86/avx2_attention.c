@@ -120,39 +120,50 @@ static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int
 }
 
 /* Scores of `group` query rows against n float key rows k float[n, hd]: s = (q . k) * scale.
- * Tiles of four query rows x two key rows share their loads (six loads for eight multiply-adds;
- * row by row it was two for one, and the loads bound the loop). Each pair's dot is one chain of
- * eight-lane multiply-adds over hd, its lanes summed by hsum8_ps, so a score does not depend on
- * the tile it was computed in: rows and keys past the ends repeat the last one, computed and not
- * stored. */
+ * Tiles of two query rows x two key rows share their loads (eight loads for eight multiply-adds;
+ * row by row it was two for one, and the loads bound the loop), four such pairs of keys filling
+ * one hsum8_ps. Each pair keeps the arithmetic it had row by row, two chains of eight-lane
+ * multiply-adds (columns 0-7 and 8-15 of every 16) added, then its lanes summed: a score has the
+ * same bits in any tile, and as before (a q8-weight model's next activations round the same
+ * way). Rows and keys past the ends repeat the last one, computed and not stored. */
 static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
                             float scale, float *s, int64_t ld)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t g0 = 0; g0 < group; g0 += 4) {
-        const float *qr[4];
-        for (int i = 0; i < 4; i++)
-            qr[i] = q + (g0 + i < group ? g0 + i : group - 1) * hd;
-        for (int64_t j0 = 0; j0 < n; j0 += 2) {
-            const float *k0 = k + j0 * hd, *k1 = k + (j0 + 1 < n ? j0 + 1 : j0) * hd;
-            __m256 v[8];
-            for (int i = 0; i < 8; i++)
-                v[i] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < hd; d += 8) {
-                const __m256 a = _mm256_loadu_ps(k0 + d), b = _mm256_loadu_ps(k1 + d);
-                for (int i = 0; i < 4; i++) {
-                    const __m256 x = _mm256_loadu_ps(qr[i] + d);
-                    v[2 * i] = _mm256_fmadd_ps(x, a, v[2 * i]);
-                    v[2 * i + 1] = _mm256_fmadd_ps(x, b, v[2 * i + 1]);
+    for (int64_t g0 = 0; g0 < group; g0 += 2) {
+        const float *q0 = q + g0 * hd, *q1 = q + (g0 + 1 < group ? g0 + 1 : g0) * hd;
+        for (int64_t j0 = 0; j0 < n; j0 += 4) {
+            __m256 v[8];   /* v[2 * jj + i]: query row g0 + i against key j0 + jj */
+            for (int jp = 0; jp < 4; jp += 2) {
+                const float *k0 = k + (j0 + jp < n ? j0 + jp : n - 1) * hd;
+                const float *k1 = k + (j0 + jp + 1 < n ? j0 + jp + 1 : n - 1) * hd;
+                __m256 a00 = _mm256_setzero_ps(), b00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(),
+                       b01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(), b10 = _mm256_setzero_ps(),
+                       a11 = _mm256_setzero_ps(), b11 = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d += 16) {   /* hd is a multiple of 32 */
+                    const __m256 x0 = _mm256_loadu_ps(q0 + d), x0h = _mm256_loadu_ps(q0 + d + 8);
+                    const __m256 x1 = _mm256_loadu_ps(q1 + d), x1h = _mm256_loadu_ps(q1 + d + 8);
+                    const __m256 c0 = _mm256_loadu_ps(k0 + d), c0h = _mm256_loadu_ps(k0 + d + 8);
+                    const __m256 c1 = _mm256_loadu_ps(k1 + d), c1h = _mm256_loadu_ps(k1 + d + 8);
+                    a00 = _mm256_fmadd_ps(x0, c0, a00);
+                    b00 = _mm256_fmadd_ps(x0h, c0h, b00);
+                    a01 = _mm256_fmadd_ps(x0, c1, a01);
+                    b01 = _mm256_fmadd_ps(x0h, c1h, b01);
+                    a10 = _mm256_fmadd_ps(x1, c0, a10);
+                    b10 = _mm256_fmadd_ps(x1h, c0h, b10);
+                    a11 = _mm256_fmadd_ps(x1, c1, a11);
+                    b11 = _mm256_fmadd_ps(x1h, c1h, b11);
                 }
+                v[2 * jp] = _mm256_add_ps(a00, b00);
+                v[2 * jp + 1] = _mm256_add_ps(a10, b10);
+                v[2 * jp + 2] = _mm256_add_ps(a01, b01);
+                v[2 * jp + 3] = _mm256_add_ps(a11, b11);
             }
             float t[8];
             _mm256_storeu_ps(t, _mm256_mul_ps(hsum8_ps(v), vscale));
-            for (int i = 0; i < 4 && g0 + i < group; i++) {
-                s[(g0 + i) * ld + j0] = t[2 * i];
-                if (j0 + 1 < n)
-                    s[(g0 + i) * ld + j0 + 1] = t[2 * i + 1];
-            }
+            for (int jj = 0; jj < 4 && j0 + jj < n; jj++)
+                for (int i = 0; i < 2 && g0 + i < group; i++)
+                    s[(g0 + i) * ld + j0 + jj] = t[2 * jj + i];
         }
     }
 }
