@@ -375,6 +375,17 @@ cdef int _check_any(object a, str name, bint writable) except -1:
     raise ValueError(f"{name}: expected a float32 numpy array, got {_what(a)}")
 
 
+cdef object _out_any(object out, object like, str like_name):
+    """out for an elementwise kernel: a new float32 array shaped as `like`, or `out` checked."""
+    if out is None:
+        return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(<cnp.ndarray>like), cnp.PyArray_DIMS(<cnp.ndarray>like),
+                                 cnp.NPY_FLOAT32, 0)
+    _check_any(out, "out", 1)
+    if out.shape != like.shape:
+        raise ValueError(f"out has shape {out.shape}, {like_name} has {like.shape}")
+    return out
+
+
 def silu_mul(gate, up, out=None, path="simd"):
     """out = silu(gate) * up elementwise, any shape (all three alike); `out` may be `gate`."""
     cdef bint simd = _use_simd(path)
@@ -382,13 +393,7 @@ def silu_mul(gate, up, out=None, path="simd"):
     _check_any(up, "up", 0)
     if gate.shape != up.shape:
         raise ValueError(f"up has shape {up.shape}, gate has {gate.shape}")
-    if out is None:
-        out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(<cnp.ndarray>gate), cnp.PyArray_DIMS(<cnp.ndarray>gate),
-                                cnp.NPY_FLOAT32, 0)
-    else:
-        _check_any(out, "out", 1)
-        if out.shape != gate.shape:
-            raise ValueError(f"out has shape {out.shape}, gate has {gate.shape}")
+    out = _out_any(out, gate, "gate")
     cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>gate)
     cdef const float *g = <const float *>_data(gate)
     cdef const float *u = <const float *>_data(up)
@@ -431,13 +436,7 @@ def gelu_tanh(x, out=None, path="simd"):
     """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) elementwise, any shape; `out` may be `x`."""
     cdef bint simd = _use_simd(path)
     _check_any(x, "x", 0)
-    if out is None:
-        out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(<cnp.ndarray>x), cnp.PyArray_DIMS(<cnp.ndarray>x),
-                                cnp.NPY_FLOAT32, 0)
-    else:
-        _check_any(out, "out", 1)
-        if out.shape != x.shape:
-            raise ValueError(f"out has shape {out.shape}, x has {x.shape}")
+    out = _out_any(out, x, "x")
     cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>x)
     cdef const float *xp = <const float *>_data(x)
     cdef float *op = <float *>_data(out)

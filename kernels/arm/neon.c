@@ -243,21 +243,30 @@ int kernel_set_gemm_variant(const char *name)
 
 /* ---- elementwise ------------------------------------------------------- */
 
+/* sum_i (x[i] - c)^2 over a row (rmsnorm: c = 0, and x - 0 is x; layer_norm: c = the mean). */
+static float sum_sq_around(const float *xr, int64_t D, float c)
+{
+    const float32x4_t vc = vdupq_n_f32(c);
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) {
+        const float32x4_t a = vsubq_f32(vld1q_f32(xr + i), vc), b = vsubq_f32(vld1q_f32(xr + i + 4), vc);
+        s0 = vfmaq_f32(s0, a, a);
+        s1 = vfmaq_f32(s1, b, b);
+    }
+    float ss = vaddvq_f32(vaddq_f32(s0, s1));
+    for (; i < D; i++)
+        ss += (xr[i] - c) * (xr[i] - c);
+    return ss;
+}
+
 void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
 {
     for (int64_t m = 0; m < M; m++) {
         const float *xr = x + m * D;
         float *orow = out + m * D;
-        float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
-        int64_t i = 0;
-        for (; i + 8 <= D; i += 8) {
-            const float32x4_t a = vld1q_f32(xr + i), b = vld1q_f32(xr + i + 4);
-            s0 = vfmaq_f32(s0, a, a);
-            s1 = vfmaq_f32(s1, b, b);
-        }
-        float ss = vaddvq_f32(vaddq_f32(s0, s1));
-        for (; i < D; i++)
-            ss += xr[i] * xr[i];
+        const float ss = sum_sq_around(xr, D, 0.0f);
+        int64_t i;
         const float r = 1.0f / sqrtf(ss / (float)D + eps);
         for (i = 0; i + 4 <= D; i += 4)
             vst1q_f32(orow + i, vmulq_f32(vmulq_n_f32(vld1q_f32(xr + i), r), vld1q_f32(w + i)));
@@ -333,17 +342,7 @@ void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, 
             sum += xr[i];
         const float mean = sum / (float)D;
         const float32x4_t vmean = vdupq_n_f32(mean);
-        s0 = vdupq_n_f32(0.0f);
-        s1 = vdupq_n_f32(0.0f);
-        for (i = 0; i + 8 <= D; i += 8) {
-            const float32x4_t a = vsubq_f32(vld1q_f32(xr + i), vmean), c = vsubq_f32(vld1q_f32(xr + i + 4), vmean);
-            s0 = vfmaq_f32(s0, a, a);
-            s1 = vfmaq_f32(s1, c, c);
-        }
-        float ss = vaddvq_f32(vaddq_f32(s0, s1));
-        for (; i < D; i++)
-            ss += (xr[i] - mean) * (xr[i] - mean);
-        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        const float r = 1.0f / sqrtf(sum_sq_around(xr, D, mean) / (float)D + eps);
         for (i = 0; i + 4 <= D; i += 4) {
             const float32x4_t nrm = vmulq_n_f32(vsubq_f32(vld1q_f32(xr + i), vmean), r);
             vst1q_f32(orow + i, vfmaq_f32(vld1q_f32(b + i), nrm, vld1q_f32(w + i)));

@@ -429,27 +429,36 @@ int kernel_set_gemm_variant(const char *name)
 
 /* ---- elementwise ------------------------------------------------------- */
 
+/* sum_i (x[i] - c)^2 over a row (rmsnorm: c = 0, and x - 0 is x; layer_norm: c = the mean). */
+static float sum_sq_around(const float *xr, int64_t D, float c)
+{
+    const __m256 vc = _mm256_set1_ps(c);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vc), b = _mm256_sub_ps(_mm256_loadu_ps(xr + i + 8), vc);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    for (; i + 8 <= D; i += 8) {
+        const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vc);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    float ss = hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < D; i++)
+        ss += (xr[i] - c) * (xr[i] - c);
+    return ss;
+}
+
 void rmsnorm_simd(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out)
 {
     for (int64_t m = 0; m < M; m++) {
         const float *xr = x + m * D;
         float *orow = out + m * D;
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= D; i += 16) {
-            const __m256 a = _mm256_loadu_ps(xr + i), b = _mm256_loadu_ps(xr + i + 8);
-            s0 = _mm256_fmadd_ps(a, a, s0);
-            s1 = _mm256_fmadd_ps(b, b, s1);
-        }
-        for (; i + 8 <= D; i += 8) {
-            const __m256 a = _mm256_loadu_ps(xr + i);
-            s0 = _mm256_fmadd_ps(a, a, s0);
-        }
-        float ss = hsum_ps(_mm256_add_ps(s0, s1));
-        for (; i < D; i++)
-            ss += xr[i] * xr[i];
+        const float ss = sum_sq_around(xr, D, 0.0f);
         const float r = 1.0f / sqrtf(ss / (float)D + eps);
         const __m256 vr = _mm256_set1_ps(r);
+        int64_t i;
         for (i = 0; i + 8 <= D; i += 8)
             _mm256_storeu_ps(orow + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vr),
                                                      _mm256_loadu_ps(w + i)));
@@ -531,22 +540,7 @@ void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, 
             sum += xr[i];
         const float mean = sum / (float)D;
         const __m256 vmean = _mm256_set1_ps(mean);
-        s0 = _mm256_setzero_ps();
-        s1 = _mm256_setzero_ps();
-        for (i = 0; i + 16 <= D; i += 16) {
-            const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean);
-            const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(xr + i + 8), vmean);
-            s0 = _mm256_fmadd_ps(a, a, s0);
-            s1 = _mm256_fmadd_ps(c, c, s1);
-        }
-        for (; i + 8 <= D; i += 8) {
-            const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean);
-            s0 = _mm256_fmadd_ps(a, a, s0);
-        }
-        float ss = hsum_ps(_mm256_add_ps(s0, s1));
-        for (; i < D; i++)
-            ss += (xr[i] - mean) * (xr[i] - mean);
-        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+        const float r = 1.0f / sqrtf(sum_sq_around(xr, D, mean) / (float)D + eps);
         const __m256 vr = _mm256_set1_ps(r);
         for (i = 0; i + 8 <= D; i += 8) {
             const __m256 n = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vmean), vr);
