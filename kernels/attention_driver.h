@@ -26,17 +26,28 @@
 /* K and V a unit of a many-query call may read, about half a core's L2 (A76: 512 KB). */
 #define ATTN_UNIT_CACHE_BYTES (256 * 1024)
 
+/* Bytes of one cached K or V row of `kind`, and its scales (floats; none for f32). */
+static inline int64_t kv_row_bytes(int kind, int64_t hd)
+{
+    return kind == KV_Q8 ? hd : kind == KV_Q4 ? hd / 2 : hd * 4;
+}
+
+static inline int64_t kv_row_scales(int kind, int64_t hd)
+{
+    return kind == KV_Q4 ? hd / QK : kind == KV_Q8 ? 1 : 0;
+}
+
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
 static inline void prefetch_rows(int kind, const void *kv, const float *scales, int64_t row0,
                                  int64_t bs, int64_t hd)
 {
-    const int64_t row_bytes = kind == KV_Q8 ? hd : kind == KV_Q4 ? hd / 2 : hd * 4;
+    const int64_t row_bytes = kv_row_bytes(kind, hd);
     const char *p = (const char *)kv + row0 * row_bytes;
     for (int64_t off = 0; off < bs * row_bytes; off += 64)
         __builtin_prefetch(p + off);
     if (scales != NULL) {
-        const int64_t per_row = kind == KV_Q4 ? hd / QK : 1;
+        const int64_t per_row = kv_row_scales(kind, hd);
         const char *sp = (const char *)(scales + row0 * per_row);
         for (int64_t off = 0; off < bs * per_row * (int64_t)sizeof(float); off += 64)
             __builtin_prefetch(sp + off);
@@ -400,7 +411,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
          * then keep their K and V within ATTN_UNIT_CACHE_BYTES, so that the next tile of the same
          * heads, taken next from the pool's counter, finds them in this core's cache. All heads a
          * unit read 6.4 MB a tile for a 784-patch image, streamed again by each of its 196 tiles. */
-        const int64_t kv_row = kind == KV_Q8 ? hd + 4 : kind == KV_Q4 ? hd / 2 + 4 * (hd / QK) : 4 * hd;
+        const int64_t kv_row = kv_row_bytes(kind, hd) + kv_row_scales(kind, hd) * (int64_t)sizeof(float);
         const int64_t blocks = nsel_max < ATTN_SPLIT_BLOCKS ? nsel_max : ATTN_SPLIT_BLOCKS;
         const int64_t per_head = 2 * blocks * bs * kv_row;
         const int64_t fit = per_head > 0 && ATTN_UNIT_CACHE_BYTES / per_head > 1 ? ATTN_UNIT_CACHE_BYTES / per_head : 1;

@@ -99,12 +99,13 @@ static inline float half_to_float(uint16_t h)
  * input below which the result is under 1e-37 and x is raised to it (vector exps clamp their
  * argument, so a huge negative x would not vanish). One element, for the paths' scalar tails. */
 #define GELU_TANH_K (-1.5957691216057308f)
+#define GELU_TANH_C3 0.044715f       /* z's cubic coefficient */
 #define GELU_TANH_LOW (-20.0f)
 
 static inline float gelu_tanh_one(float x)
 {
     const float v = x > GELU_TANH_LOW ? x : GELU_TANH_LOW;
-    return v / (1.0f + expf(GELU_TANH_K * (v + 0.044715f * v * v * v)));
+    return v / (1.0f + expf(GELU_TANH_K * (v + GELU_TANH_C3 * v * v * v)));
 }
 
 #endif

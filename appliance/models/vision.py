@@ -220,7 +220,7 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -
     heads, hd]. With head_dim a multiple of 32 (every Qwen3-VL tower: 64), on the attention kernel's
     float32 path: the patches are one cache block [1, heads, N, hd] that every query sees whole
     (all query positions last). No [heads, N, N] score matrix (39 MB a block at 448x448) and no
-    BLAS threads spinning beside the GEMMs' pool: 70 -> 34 ms a block on 2 Zen 3 cores."""
+    BLAS threads spinning beside the GEMMs' pool: 70 -> 32 ms a block on 2 Zen 3 cores."""
     n, heads, hd = q.shape
     if hd % QK:
         kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)

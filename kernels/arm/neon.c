@@ -359,7 +359,7 @@ void gelu_tanh_simd(const float *x, int64_t n, float *out)
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
         const float32x4_t v = vmaxq_f32(vld1q_f32(x + i), low);
-        const float32x4_t z = vfmaq_f32(v, vmulq_n_f32(v, 0.044715f), vmulq_f32(v, v));
+        const float32x4_t z = vfmaq_f32(v, vmulq_n_f32(v, GELU_TANH_C3), vmulq_f32(v, v));
         const float32x4_t e = exp_f32x4(vmulq_n_f32(z, GELU_TANH_K));
         vst1q_f32(out + i, vdivq_f32(v, vaddq_f32(one, e)));
     }

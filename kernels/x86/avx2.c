@@ -555,7 +555,7 @@ void layer_norm_simd(const float *x, const float *w, const float *b, int64_t M, 
  * argument and x / (1 + exp(88.7)) would not vanish for x near -3e38 (kernels.h). */
 void gelu_tanh_simd(const float *x, int64_t n, float *out)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), c3 = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f), c3 = _mm256_set1_ps(GELU_TANH_C3);
     const __m256 k = _mm256_set1_ps(GELU_TANH_K), low = _mm256_set1_ps(GELU_TANH_LOW);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
