@@ -40,6 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import cpu_groups                   # noqa: E402  (after the path)
+from bench.cpu_groups import CpuGroups         # noqa: E402
+
 INSTALL_LLAMA = ('CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python '
                  '--no-binary llama-cpp-python   # about 10 minutes on 2 cores')
 
@@ -229,14 +232,15 @@ def wait_for_quiet(args) -> None:
         log(f"  load average {os.getloadavg()[0]:.2f} after {time.perf_counter() - t0:.0f} s")
 
 
-def start_hog(args) -> subprocess.Popen | None:
+def start_hog(args, join=None) -> subprocess.Popen | None:
     """What --hog-cpu / --hog-cmd ask to run beside a measurement: a busy loop pinned to a CPU (a
-    neighbour that never sleeps), or a shell command (a rollout's build) in its own process group."""
+    neighbour that never sleeps), or a shell command (a rollout's build) in its own process group;
+    join: a preexec_fn putting it in its CPU group (--cpu-weights)."""
     if args.hog_cpu is not None:
         code = f"import os\nos.sched_setaffinity(0, {{{args.hog_cpu}}})\nwhile True:\n    pass\n"
-        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, preexec_fn=join)
     if args.hog_cmd:
-        return subprocess.Popen(["bash", "-c", args.hog_cmd], start_new_session=True,
+        return subprocess.Popen(["bash", "-c", args.hog_cmd], start_new_session=True, preexec_fn=join,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return None
 
@@ -261,13 +265,17 @@ def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
            "--contexts", ",".join(map(str, args.contexts)), *extra]
     wait_for_quiet(args)
     load = os.getloadavg()
-    hog = start_hog(args) if kind != "ours-prepare" else None
+    groups = (CpuGroups({"engine": args.cpu_weights[0], "neighbour": args.cpu_weights[1]})
+              if args.cpu_weights and kind != "ours-prepare" else None)
+    hog = start_hog(args, groups.joiner("neighbour") if groups else None) if kind != "ours-prepare" else None
     t0 = time.perf_counter()
     out.unlink(missing_ok=True)
     try:
-        proc = subprocess.run(cmd)
+        proc = subprocess.run(cmd, preexec_fn=groups.joiner("engine") if groups else None)
     finally:
         stop_hog(hog)
+        if groups:
+            groups.close()
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out.exists():
         return {"error": f"worker {kind} failed with exit code {proc.returncode}", "wall_s": wall}
@@ -323,6 +331,12 @@ def parse_args(argv=None):
                          "session of its own as a rollout's build over ssh is, e.g. a kernel build in a "
                          "loop; to run it as the Ansible role does: 'echo 19 > /proc/self/autogroup; "
                          "while :; do nice -n 19 make ...; done'")
+    ap.add_argument("--cpu-weights", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    metavar="ENGINE,NEIGHBOUR",
+                    help="run each engine and the --hog-cpu/--hog-cmd neighbour in sibling cpu cgroups "
+                         "with these systemd CPUWeight= values, as the role runs the service "
+                         "(appliance_cpu_weight) and a rollout's build (appliance_build_cpu_weight), "
+                         "e.g. 1000,10 (needs root and a cpu controller)")
     ap.add_argument("--report-from", type=Path, help="print the report of a --json file again, measure nothing")
     ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
     # internal: one measurement in this process
@@ -336,6 +350,12 @@ def parse_args(argv=None):
     if args.long and 8192 not in args.contexts:
         args.contexts = args.contexts + [8192]
     args.contexts = sorted(set(args.contexts))
+    if args.cpu_weights is not None:
+        if len(args.cpu_weights) != 2:
+            ap.error("--cpu-weights takes two weights: ENGINE,NEIGHBOUR")
+        why = cpu_groups.available()
+        if why:
+            ap.error(f"--cpu-weights: {why}")
     return args
 
 
@@ -447,7 +467,7 @@ def main(argv=None) -> int:
     meta = {"threads": args.threads, "gen": args.gen, "prefill": args.prefill, "contexts": args.contexts,
             "cpus": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "hog_cpu": args.hog_cpu, "hog_cmd": args.hog_cmd}
+            "hog_cpu": args.hog_cpu, "hog_cmd": args.hog_cmd, "cpu_weights": args.cpu_weights}
     try:
         model_name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                           if line.startswith("model name"))
@@ -457,6 +477,9 @@ def main(argv=None) -> int:
     text, tables = report(ours, llamas, args.contexts, meta, ours_sparse)
     if args.hog_cpu is not None or args.hog_cmd:
         beside = f"a busy loop pinned to CPU {args.hog_cpu}" if args.hog_cpu is not None else repr(args.hog_cmd)
+        if args.cpu_weights:
+            beside += (f", the engine in a cpu cgroup of weight {args.cpu_weights[0]} and its neighbour in "
+                       f"one of weight {args.cpu_weights[1]}")
         print(f"every measurement ran beside {beside}"
               + (" (llama.cpp's from --llama-from: as that run was)" if args.llama_from else ""))
     print(text)

@@ -10,6 +10,7 @@ LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
 P=flab
 CGROUP=/sys/fs/cgroup/memory/$P
 CPUACCT=/sys/fs/cgroup/cpuacct/$P
+CPUCG=/sys/fs/cgroup/cpu/$P
 
 for s in "$LAB_DIR"/cp/*; do
   [ -S "$s" ] && ssh -O exit -o ControlPath="$s" lab-host >/dev/null 2>&1
@@ -51,7 +52,7 @@ done
 for root in "$LAB_DIR"/hosts/*/root; do
   mountpoint -q "$root" && { umount "$root" 2>/dev/null || umount -l "$root"; }
 done
-for cg in "$CGROUP" "$CPUACCT"; do
+for cg in "$CGROUP" "$CPUACCT" "$CPUCG"; do
   [ -d "$cg" ] && find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null
 done
 for ns in $(namespaces); do
@@ -64,5 +65,5 @@ if mountpoint -q "$LAB_DIR"; then
 fi
 [ -d "$LAB_DIR" ] && rm -rf "$LAB_DIR"
 if namespaces | grep -q .; then echo "lab_down: namespaces left: $(namespaces | xargs)" >&2; exit 1; fi
-for cg in "$CGROUP" "$CPUACCT"; do [ -d "$cg" ] && echo "lab_down: cgroups left under $cg" >&2; done
+for cg in "$CGROUP" "$CPUACCT" "$CPUCG"; do [ -d "$cg" ] && echo "lab_down: cgroups left under $cg" >&2; done
 echo "lab down"

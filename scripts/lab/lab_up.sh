@@ -35,6 +35,9 @@ WEBHOOK_PORT=9095
 CGROUP=/sys/fs/cgroup/memory/$P
 # Each host's CPU is accounted in a cpuacct cgroup of its own (lab_down.sh reports it).
 CPUACCT=/sys/fs/cgroup/cpuacct/$P
+# ... and weighed in a cpu cgroup of its own, delegated like the memory one: the container's
+# systemd applies CPUWeight= (the service's, a release build's scope) in the kernel.
+CPUCG=/sys/fs/cgroup/cpu/$P
 
 [ "$(id -u)" = 0 ] || { echo "lab_up: needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
 [ "$N" -ge 1 ] && [ "$N" -le 9 ] || { echo "lab_up: 1..9 boards" >&2; exit 1; }
@@ -48,7 +51,7 @@ ROOTFS=$(readlink -f "$ROOTFS_LINK")
 for tool in systemd-nspawn nsenter ssh-keygen unshare; do
   command -v "$tool" >/dev/null || { echo "lab_up: missing $tool (scripts/ci/install_fleet_deps.sh)" >&2; exit 1; }
 done
-for c in memory cpuacct; do
+for c in memory cpuacct cpu; do
   [ -d "/sys/fs/cgroup/$c" ] || { echo "lab_up: no cgroup v1 $c controller at /sys/fs/cgroup/$c" >&2; exit 1; }
 done
 
@@ -94,13 +97,13 @@ start_host() {  # name address
   ssh-keygen -q -A -f "$hd/root"
   install -d -m 700 "$hd/root/root/.ssh"
   install -m 600 "$LAB_DIR/ssh/id_ed25519.pub" "$hd/root/root/.ssh/authorized_keys"
-  mkdir -p "$CGROUP/$name" "$CPUACCT/$name"
+  mkdir -p "$CGROUP/$name" "$CPUACCT/$name" "$CPUCG/$name"
   # --keep-unit --register=no: no systemd on this machine to register with; the container's
   # console goes to console.log. /srv is a directory of this machine (the fake sysfs).
   # /proc/sys/net is the host's own network namespace: writable, as on a machine; so is its
   # packet filter (CAP_NET_ADMIN there: the firewall role's nftables).
-  nohup setsid sh -c 'echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@"' _ \
-    "$CGROUP/$name" "$CPUACCT/$name" \
+  nohup setsid sh -c 'for g in "$1" "$2" "$3"; do echo $$ > "$g/cgroup.procs" || exit 1; done; shift 3; exec "$@"' _ \
+    "$CGROUP/$name" "$CPUACCT/$name" "$CPUCG/$name" \
     env SYSTEMD_NSPAWN_API_VFS_WRITABLE=network \
     systemd-nspawn --quiet --boot --register=no --keep-unit --machine="$name" --directory="$hd/root" \
     --network-namespace-path="/run/netns/$ns" --bind="$hd/srv:/srv" --link-journal=no \
@@ -127,9 +130,10 @@ wait_booted() {  # name
        return 1 ;;
   esac
   echo "$leader" > "$hd/leader.pid"
-  # The delegated memory cgroup: writable, then systemd re-reads which controllers it may use.
+  # The delegated memory and cpu cgroups: writable, then systemd re-reads which controllers it may use.
   nsenter -t "$leader" -m -u -i -n -p -C sh -c \
-    'mount -o remount,bind,rw /sys/fs/cgroup/memory && systemctl daemon-reexec'
+    'mount -o remount,bind,rw /sys/fs/cgroup/memory && mount -o remount,bind,rw /sys/fs/cgroup/cpu &&
+     systemctl daemon-reexec'
 }
 
 for h in "${HOSTS[@]}"; do

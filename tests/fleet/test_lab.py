@@ -73,21 +73,22 @@ def test_a_second_site_run_changes_nothing(lab):
 
 def test_the_appliance_runs_hardened_under_systemd_with_its_logs_in_journald(lab):
     """What systemd enforces, read live on every board: the exposure score, the user, the
-    kernel's memory limit on the service's cgroup, no privileges, and the server's own lines
-    in the journal."""
+    kernel's memory limit and CPU weight on the service's cgroup, no privileges, the release
+    build's own scope, and the server's own lines in the journal."""
     need("site")
     exposure_max = yaml.safe_load((ANSIBLE_DIR / "roles/appliance/defaults/main.yml").read_text())[
         "appliance_security_exposure_max"]
     memory_max = yaml.safe_load((ANSIBLE_DIR / "inventories/lab/group_vars/boards.yml").read_text())[
         "appliance_memory_max"]
     assert memory_max.endswith("M")
+    cpu_weight = yaml.safe_load((ANSIBLE_DIR / "roles/appliance/defaults/main.yml").read_text())["appliance_cpu_weight"]
     for board in BOARDS:
         security = lab.on(board, "systemd-analyze", "security", "--no-pager", "appliance.service")
         exposure = float(re.search(r"Overall exposure level for appliance\.service: ([0-9.]+)", security).group(1))
         print(f"{board}: systemd-analyze security exposure {exposure}")
         assert exposure <= exposure_max, security[-3000:]
         unit = lab.unit(board, "appliance.service", "User", "MemoryMax", "MainPID", "NoNewPrivileges",
-                        "ProtectSystem", "OOMPolicy")
+                        "ProtectSystem", "OOMPolicy", "CPUWeight")
         assert unit["User"] == "appliance" and unit["NoNewPrivileges"] == "yes" and unit["ProtectSystem"] == "strict"
         assert unit["OOMPolicy"] == "stop"
         assert int(unit["MemoryMax"]) == int(memory_max[:-1]) * 1024 * 1024
@@ -100,6 +101,13 @@ def test_the_appliance_runs_hardened_under_systemd_with_its_logs_in_journald(lab
         assert re.search(r"^\d+:memory:/system\.slice/appliance\.service$", cgroup, re.M), cgroup
         kernel_limit = lab.on(board, "cat", "/sys/fs/cgroup/memory/system.slice/appliance.service/memory.limit_in_bytes")
         assert int(kernel_limit) == int(unit["MemoryMax"]), "the kernel does not enforce MemoryMax"
+        # A contended core goes to decode first: the weight, in the kernel (v1: shares = weight * 1024 / 100).
+        assert int(unit["CPUWeight"]) == cpu_weight
+        shares = lab.on(board, "cat", "/sys/fs/cgroup/cpu/system.slice/appliance.service/cpu.shares")
+        assert int(shares) == cpu_weight * 1024 // 100, "the kernel does not weigh the service's CPU time"
+        # The release was built in a low-weight scope of its own beside the service.
+        systemd_lines = lab.on(board, "journalctl", "--no-pager", "-o", "cat", "_PID=1")
+        assert re.search(r"Started .*Build of appliance release", systemd_lines), systemd_lines[-2000:]
         journal = [json.loads(l) for l in lab.on(board, "journalctl", "-u", "appliance.service", "-o", "json",
                                                  "--no-pager").splitlines()]
         own = [e for e in journal if e.get("_UID") == uid]

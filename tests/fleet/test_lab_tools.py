@@ -276,6 +276,24 @@ def test_one_instance_by_default_and_one_template_unit_instance_per_listed_model
             instances.instance_list(bad, SINGLE, "/etc/appliance")
 
 
+def test_a_release_build_runs_on_the_cpus_no_instance_serves_on():
+    from ansible.errors import AnsibleFilterError
+    instances = load_filter("appliance", "instances")
+    left = instances.cpus_left
+    (one,) = instances.instance_list([], SINGLE, "/etc/appliance")
+    assert left([one], 8) == "0-3"                     # an RK3588: the A55, off the A76's 4-7
+    assert left([one], 4) == "0-3"                     # affinity past the CPUs there are
+    assert left([dict(one, cpu_affinity="0-1")], 2) == ""  # nothing left: the build goes anywhere
+    chat_embed = instances.instance_list([{"name": "chat", "port": 8080, "cpu_affinity": "4-6"},
+                                          {"name": "embed", "port": 8081, "cpu_affinity": "1, 7"}],
+                                         SINGLE, "/etc/appliance")
+    assert left(chat_embed, 8) == "0,2-3"
+    assert left([dict(one, cpu_affinity="")], 3) == "0-2"
+    for bad in ("4-x", "7-4", "-1"):
+        with pytest.raises(AnsibleFilterError, match="CPU list"):
+            left([dict(one, cpu_affinity=bad)], 8)
+
+
 def test_the_load_balancer_routes_by_task_and_by_model():
     routes = load_filter("loadbalancer", "routes").routes
     single = {"board2": {"ansible_host": "10.0.0.12"}, "board3": {"ansible_host": "10.0.0.13"}}

@@ -84,6 +84,49 @@ def model_files(instances: list[dict]) -> list[dict]:
     return out
 
 
+def parse_cpu_list(text) -> set[int]:
+    """CPUs of a list as systemd's CPUAffinity= and taskset write them: "4-7", "0,2-3", "7"."""
+    cpus: set[int] = set()
+    for part in str(text).replace(" ", ",").split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise AnsibleFilterError(f"CPU list {text!r}: {part!r} is not a CPU or a range like 4-7") from None
+        if lo < 0 or hi < lo:
+            raise AnsibleFilterError(f"CPU list {text!r}: {part!r} is not a range of CPUs")
+        cpus.update(range(lo, hi + 1))
+    return cpus
+
+
+def format_cpu_list(cpus) -> str:
+    """The shortest list of ranges: {0, 1, 2, 3, 6} -> "0-3,6"."""
+    out, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [cpu]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def cpus_left(instances: list[dict], cpu_count) -> str:
+    """The board's CPUs that no instance is pinned to ("" when the instances take them all):
+    where a rollout's build can run without touching a serving core (on an RK3588, the A55)."""
+    taken: set[int] = set()
+    for instance in instances:
+        if instance.get("cpu_affinity") not in (None, ""):
+            taken |= parse_cpu_list(instance["cpu_affinity"])
+    return format_cpu_list(set(range(int(cpu_count))) - taken)
+
+
 class FilterModule:
     def filters(self):
-        return {"appliance_instance_list": instance_list, "appliance_model_files": model_files}
+        return {"appliance_instance_list": instance_list, "appliance_model_files": model_files,
+                "appliance_cpus_left": cpus_left}
