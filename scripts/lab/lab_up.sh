@@ -35,8 +35,8 @@ WEBHOOK_PORT=9095
 CGROUP=/sys/fs/cgroup/memory/$P
 # Each host's CPU is accounted in a cpuacct cgroup of its own (lab_down.sh reports it).
 CPUACCT=/sys/fs/cgroup/cpuacct/$P
-# ... and weighed in a cpu cgroup of its own, delegated like the memory one: the container's
-# systemd applies CPUWeight= (the service's, a release build's scope) in the kernel.
+# ... and weighed in a cpu cgroup of its own; both delegated like the memory one, so that the
+# container's systemd applies CPUWeight= (the service's, a release build's scope) in the kernel.
 CPUCG=/sys/fs/cgroup/cpu/$P
 
 [ "$(id -u)" = 0 ] || { echo "lab_up: needs root (namespaces, mounts, cgroups)" >&2; exit 1; }
@@ -130,9 +130,10 @@ wait_booted() {  # name
        return 1 ;;
   esac
   echo "$leader" > "$hd/leader.pid"
-  # The delegated memory and cpu cgroups: writable, then systemd re-reads which controllers it may use.
+  # The delegated cgroups writable, then systemd re-reads which controllers it may use. Its cgroup v1
+  # code takes cpu and cpuacct for one joined hierarchy: it makes cpu groups only when it may write both.
   nsenter -t "$leader" -m -u -i -n -p -C sh -c \
-    'mount -o remount,bind,rw /sys/fs/cgroup/memory && mount -o remount,bind,rw /sys/fs/cgroup/cpu &&
+    'for c in memory cpu cpuacct; do mount -o remount,bind,rw /sys/fs/cgroup/$c || exit 1; done
      systemctl daemon-reexec'
 }
 
