@@ -126,9 +126,29 @@ def test_the_settings_file_and_the_api_key_are_never_logged():
 
 def test_unit_hardening_and_pinning():
     unit = (ANSIBLE_DIR / "roles/appliance/templates/appliance.service.j2").read_text(encoding="utf-8")
-    for directive in ("CPUAffinity=", "Restart=on-failure", "MemoryMax=", "NoNewPrivileges=yes",
+    for directive in ("CPUAffinity=", "CPUWeight={{ appliance_cpu_weight }}", "Restart=on-failure", "MemoryMax=", "NoNewPrivileges=yes",
                       "ProtectSystem=strict", "User={{ appliance_user }}", "ProtectHome=yes", "PrivateTmp=yes"):
         assert directive in unit, directive
+
+
+def test_cpu_weights_and_the_build_cpus_are_checked_before_anything_runs():
+    """The preflight refuses a weight systemd would drop (1-10000) and a CPU list taskset would not take."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from conftest import trusted
+    tasks = load(ANSIBLE_DIR / "roles/appliance/tasks/preflight.yml")
+    that = next(t for t in tasks if t["name"] == "Check the CPU settings")["ansible.builtin.assert"]["that"]
+
+    def accepted(**settings) -> bool:
+        variables = {"appliance_cpu_weight": 1000, "appliance_build_cpu_weight": 10, "appliance_build_cpus": ""}
+        variables.update(settings)
+        templar = Templar(loader=DataLoader(), variables=trusted(variables))
+        return all(templar.template(trusted("{{ " + condition + " }}")) for condition in that)
+
+    assert accepted() and accepted(appliance_build_cpus="0-3") and accepted(appliance_build_cpus="0,2-3")
+    for bad in ({"appliance_cpu_weight": 0}, {"appliance_cpu_weight": 10001}, {"appliance_build_cpu_weight": "x"},
+                {"appliance_build_cpus": "0-"}, {"appliance_build_cpus": "A55"}, {"appliance_build_cpus": "0,,1"}):
+        assert not accepted(**bad), bad
 
 
 def test_example_inventory_has_the_three_groups():
