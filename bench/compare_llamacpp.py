@@ -265,9 +265,10 @@ def run_worker(kind: str, args, extra: list[str], out: Path) -> dict:
            "--contexts", ",".join(map(str, args.contexts)), *extra]
     wait_for_quiet(args)
     load = os.getloadavg()
+    measured = kind != "ours-prepare"            # the preparing run has no neighbour
     groups = (CpuGroups({"engine": args.cpu_weights[0], "neighbour": args.cpu_weights[1]})
-              if args.cpu_weights and kind != "ours-prepare" else None)
-    hog = start_hog(args, groups.joiner("neighbour") if groups else None) if kind != "ours-prepare" else None
+              if args.cpu_weights and measured else None)
+    hog = start_hog(args, groups.joiner("neighbour") if groups else None) if measured else None
     t0 = time.perf_counter()
     out.unlink(missing_ok=True)
     try:

@@ -44,6 +44,9 @@ class CpuGroups:
         why = available()
         if why:
             raise RuntimeError(why)
+        for name, weight in weights.items():      # all checked before any group is made
+            if not 1 <= weight <= 10000:
+                raise ValueError(f"CPU weight {weight} for {name}: systemd's range is 1-10000")
         base, self.version = _hierarchy()
         if self.version == "v2":
             # v2's rule: a group with processes has no child groups; the root is exempt.
@@ -52,8 +55,6 @@ class CpuGroups:
                 subtree.write_text("+cpu")
         self.dirs: dict[str, Path] = {}
         for name, weight in weights.items():
-            if not 1 <= weight <= 10000:
-                raise ValueError(f"CPU weight {weight} for {name}: systemd's range is 1-10000")
             path = base / f"{prefix}-{os.getpid()}-{name}"
             path.mkdir(exist_ok=True)
             if self.version == "v2":

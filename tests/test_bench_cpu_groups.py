@@ -45,6 +45,9 @@ def test_groups_carry_the_weights_and_are_removed_after():
 def test_a_weight_out_of_systemds_range_is_refused():
     with pytest.raises(ValueError, match="1-10000"):
         CpuGroups({"engine": 0}, prefix="test")
+    with pytest.raises(ValueError, match="1-10000"):                 # and no group is left behind
+        CpuGroups({"engine": 1000, "neighbour": 10001}, prefix="test")
+    assert not list(cpu_groups._hierarchy()[0].glob(f"test-{os.getpid()}-*"))
 
 
 def test_the_kernel_gives_a_shared_core_by_weight():

@@ -126,8 +126,8 @@ def test_the_settings_file_and_the_api_key_are_never_logged():
 
 def test_unit_hardening_and_pinning():
     unit = (ANSIBLE_DIR / "roles/appliance/templates/appliance.service.j2").read_text(encoding="utf-8")
-    for directive in ("CPUAffinity=", "CPUWeight={{ appliance_cpu_weight }}", "Restart=on-failure", "MemoryMax=", "NoNewPrivileges=yes",
-                      "ProtectSystem=strict", "User={{ appliance_user }}", "ProtectHome=yes", "PrivateTmp=yes"):
+    for directive in ("CPUAffinity=", "CPUWeight={{ appliance_cpu_weight }}", "Restart=on-failure", "MemoryMax=",
+                      "NoNewPrivileges=yes", "ProtectSystem=strict", "User={{ appliance_user }}", "ProtectHome=yes", "PrivateTmp=yes"):
         assert directive in unit, directive
 
 

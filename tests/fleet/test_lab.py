@@ -76,12 +76,11 @@ def test_the_appliance_runs_hardened_under_systemd_with_its_logs_in_journald(lab
     kernel's memory limit and CPU weight on the service's cgroup, no privileges, the release
     build's own scope, and the server's own lines in the journal."""
     need("site")
-    exposure_max = yaml.safe_load((ANSIBLE_DIR / "roles/appliance/defaults/main.yml").read_text())[
-        "appliance_security_exposure_max"]
+    defaults = yaml.safe_load((ANSIBLE_DIR / "roles/appliance/defaults/main.yml").read_text())
+    exposure_max, cpu_weight = defaults["appliance_security_exposure_max"], defaults["appliance_cpu_weight"]
     memory_max = yaml.safe_load((ANSIBLE_DIR / "inventories/lab/group_vars/boards.yml").read_text())[
         "appliance_memory_max"]
     assert memory_max.endswith("M")
-    cpu_weight = yaml.safe_load((ANSIBLE_DIR / "roles/appliance/defaults/main.yml").read_text())["appliance_cpu_weight"]
     for board in BOARDS:
         security = lab.on(board, "systemd-analyze", "security", "--no-pager", "appliance.service")
         exposure = float(re.search(r"Overall exposure level for appliance\.service: ([0-9.]+)", security).group(1))

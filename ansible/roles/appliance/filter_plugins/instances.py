@@ -103,17 +103,13 @@ def parse_cpu_list(text) -> set[int]:
 
 def format_cpu_list(cpus) -> str:
     """The shortest list of ranges: {0, 1, 2, 3, 6} -> "0-3,6"."""
-    out, run = [], []
+    ranges: list[list[int]] = []                 # [first, last] of each run of consecutive CPUs
     for cpu in sorted(cpus):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{first}-{last}" if last > first else str(first) for first, last in ranges)
 
 
 def cpus_left(instances: list[dict], cpu_count) -> str:
