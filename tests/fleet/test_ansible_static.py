@@ -126,9 +126,12 @@ def test_the_settings_file_and_the_api_key_are_never_logged():
 
 def test_unit_hardening_and_pinning():
     unit = (ANSIBLE_DIR / "roles/appliance/templates/appliance.service.j2").read_text(encoding="utf-8")
-    for directive in ("CPUAffinity=", "CPUWeight={{ appliance_cpu_weight }}", "Restart=on-failure", "MemoryMax=",
+    for directive in ("CPUAffinity=", "Slice=appliance.slice", "Restart=on-failure", "MemoryMax=",
                       "NoNewPrivileges=yes", "ProtectSystem=strict", "User={{ appliance_user }}", "ProtectHome=yes", "PrivateTmp=yes"):
         assert directive in unit, directive
+    # the weight is the slice's: the kernel weighs it against system.slice and user.slice
+    slice_unit = (ANSIBLE_DIR / "roles/appliance/templates/appliance.slice.j2").read_text(encoding="utf-8")
+    assert "[Slice]\nCPUWeight={{ appliance_cpu_weight }}" in slice_unit
 
 
 def test_cpu_weights_and_the_build_cpus_are_checked_before_anything_runs():

@@ -39,9 +39,10 @@ def test_a_board_runs_a_chat_and_an_embedding_instance_both_reached_by_model(lab
     flat = " ".join(out.split())
     assert "removed: appliance.service (in service: drained first)" in flat, out[-6000:]
 
-    units = {u: lab.unit("board1", u, "ActiveState", "CPUAffinity", "MemoryMax", "User")
+    units = {u: lab.unit("board1", u, "ActiveState", "CPUAffinity", "MemoryMax", "User", "Slice")
              for u in ("appliance@chat.service", "appliance@embed.service")}
     assert {u: v["ActiveState"] for u, v in units.items()} == dict.fromkeys(units, "active"), units
+    assert {u: v["Slice"] for u, v in units.items()} == dict.fromkeys(units, "appliance.slice"), units
     assert units["appliance@chat.service"]["CPUAffinity"] == "0" and units["appliance@embed.service"]["CPUAffinity"] == "1"
     assert units["appliance@embed.service"]["MemoryMax"] == str(1 << 30)
     assert lab.unit("board1", "appliance.service", "LoadState")["LoadState"] == "not-found"
