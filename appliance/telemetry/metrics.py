@@ -16,6 +16,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
+from appliance.telemetry.cpu_wait import CpuWait
 from appliance.engine.retrieval_stats import RetrievalStats
 from appliance.engine.speculative import SpeculativeStats
 from appliance.weights.report import CacheReport
@@ -42,7 +43,7 @@ def _version(dist: str) -> str:
 
 
 class _LiveCollector:
-    """Gauges read at scrape time from the latest scheduler state and thermal snapshot."""
+    """Series read at scrape time: the latest scheduler state and thermal snapshot, the threads' CPU wait."""
 
     def __init__(self, owner: "Metrics"):
         self.owner = owner
@@ -54,6 +55,7 @@ class _LiveCollector:
         yield from self._scheduler()
         yield from self._prefix_cache()
         yield from self._thermal()
+        yield from self._cpu_wait()
 
     def _scheduler(self):
         state = self.owner.queue_state()
@@ -159,6 +161,17 @@ class _LiveCollector:
         yield from (temp, cur, cap, hw, thr, secs, up)
 
 
+    def _cpu_wait(self):
+        times = self.owner.cpu_wait.read() if self.owner.cpu_wait is not None else None
+        if times is not None:      # a kernel without schedstat: no series rather than zeros
+            yield _counter("appliance_cpu_run_seconds",
+                           "CPU time the appliance's threads ran (the kernel's schedstat, all threads).",
+                           times.run_s)
+            yield _counter("appliance_cpu_wait_seconds",
+                           "Time the appliance's threads were ready to run but waited for a CPU (the kernel's "
+                           "run-queue wait): another process on their cores.", times.wait_s)
+
+
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
     family = CounterMetricFamily(name, documentation)
     family.add_metric([], value)
@@ -179,6 +192,7 @@ class Metrics:
         r = self.registry = registry or CollectorRegistry()
         self.queue_state = lambda: None        # -> SchedulerState | None (bind)
         self.thermal_state = lambda: None      # -> ThermalSnapshot | None (bind)
+        self.cpu_wait = CpuWait() if process_metrics else None
         if process_metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)

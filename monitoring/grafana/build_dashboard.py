@@ -103,6 +103,13 @@ PANELS = [
         ("timeseries", "Decode context (p95)", "none",
          "Context length of the sequences being decoded, in tokens.",
          [(f"board:appliance_decode_context_tokens:p95_5m{{{B}}}", "{{board}}")], 8),
+        ("timeseries", "CPU wait", "percentunit",
+         "How long the appliance's threads waited for a CPU per second they ran (the kernel's "
+         "run-queue wait): near 0 on a board to itself, about a third beside a busy process that "
+         "the appliance's slice outweighs, near 100% when that process takes a core's share and "
+         "decode slows down (BoardCpuContended above 50%).",
+         [(f"sum by (board) (rate(appliance_cpu_wait_seconds_total{{{B}}}[5m])) / "
+           f"sum by (board) (rate(appliance_cpu_run_seconds_total{{{B}}}[5m]))", "{{board}}")], 24),
     ]),
     ("Thermals and frequency", [
         ("timeseries", "Temperatures", "celsius",

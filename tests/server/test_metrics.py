@@ -42,6 +42,7 @@ def test_named_series_present(idle_server, model_id):
         "appliance_thermal_zone_temperature_celsius", "appliance_cpu_frequency_hertz",
         "appliance_cpu_frequency_max_hertz", "appliance_cpu_throttled", "appliance_cpu_throttled_seconds_total",
         "appliance_model_info", "appliance_build_info", "appliance_selftest_ok",
+        "appliance_cpu_run_seconds_total", "appliance_cpu_wait_seconds_total",
     ]:
         assert name in names, name
     les = sorted(float(dict(lbl)["le"]) for name, lbl in m if name == "appliance_decode_token_seconds_bucket")
@@ -53,6 +54,8 @@ def test_named_series_present(idle_server, model_id):
     assert m[("appliance_kv_cache_capacity_blocks", ())] > 0
     assert m[("appliance_requests_total", (("outcome", "length"),))] >= 2
     assert m[("appliance_selftest_ok", ())] == 1          # the start-up selftest of this build passed
+    # the server's threads ran the requests above (the kernel's schedstat of its process)
+    assert m[("appliance_cpu_run_seconds_total", ())] > 0.1 and m[("appliance_cpu_wait_seconds_total", ())] >= 0
 
 
 def _selftest_gauge(metrics) -> float:
