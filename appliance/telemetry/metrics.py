@@ -16,11 +16,11 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from appliance.engine.stats import DecodeStats, PrefillStats, VisionStats
-from appliance.telemetry.cpu_wait import CpuWait
 from appliance.engine.retrieval_stats import RetrievalStats
 from appliance.engine.speculative import SpeculativeStats
 from appliance.weights.report import CacheReport
 from appliance.server.scheduler import OUTCOMES, RequestStats, StepTokens
+from appliance.telemetry.cpu_wait import CpuWait
 
 DECODE_TOKEN_BUCKETS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
                         0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -159,7 +159,6 @@ class _LiveCollector:
                 secs.add_metric(labels, seconds.get(p.name, 0.0))
             up.add_metric([], 1.0 if snap.throttled else 0.0)
         yield from (temp, cur, cap, hw, thr, secs, up)
-
 
     def _cpu_wait(self):
         times = self.owner.cpu_wait.read() if self.owner.cpu_wait is not None else None
