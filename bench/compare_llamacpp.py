@@ -343,9 +343,10 @@ def parse_args(argv=None):
     ap.add_argument("--cpu-weights", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     metavar="ENGINE,NEIGHBOUR",
                     help="run each engine and the --hog-cpu/--hog-cmd neighbour in sibling cpu cgroups "
-                         "with these systemd CPUWeight= values, as the role runs the service "
-                         "(appliance_cpu_weight) and a rollout's build (appliance_build_cpu_weight), "
-                         "e.g. 1000,10 (needs root and a cpu controller)")
+                         "with these systemd CPUWeight= values, as the kernel weighs the role's "
+                         "appliance.slice (appliance_cpu_weight) against system.slice or user.slice "
+                         "(100), where a rollout's build or an ssh session runs, e.g. 1000,100 (needs "
+                         "root and a cpu controller)")
     ap.add_argument("--report-from", type=Path, help="print the report of a --json file again, measure nothing")
     ap.add_argument("--json", type=Path, help="also write the rows and raw results as JSON here")
     # internal: one measurement in this process

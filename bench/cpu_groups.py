@@ -1,8 +1,9 @@
 """CPU weights for a benchmark, as systemd's CPUWeight= gives them to units: sibling cpu cgroups.
 
-On a board the appliance runs as a unit with CPUWeight= (the role's appliance_cpu_weight) and a
-rollout's build in a scope of its own (appliance_build_cpu_weight); the kernel then shares a
-contended core between the two groups by weight, whatever either does inside. This module puts a
+On a board the appliance runs in a slice of its own with CPUWeight= (the role's appliance.slice,
+appliance_cpu_weight), beside system.slice (where a rollout's build runs) and user.slice (ssh
+sessions) at 100; the kernel then shares a contended core between the groups by weight, whatever
+each does inside. This module puts a
 benchmark's engine and its neighbour in two such groups, on cgroup v2 (cpu.weight, systemd's own
 scale) or v1 (cpu.shares = weight * 1024 / 100, the conversion systemd uses on the legacy
 hierarchy). Needs root and a cpu controller; `available()` says why not otherwise.

@@ -1,4 +1,4 @@
-"""bench/cpu_groups.py: sibling cpu cgroups with systemd's CPUWeight= scale, as the role's units get."""
+"""bench/cpu_groups.py: sibling cpu cgroups with systemd's CPUWeight= scale, as the role's slice gets."""
 from __future__ import annotations
 
 import os
