@@ -3,8 +3,11 @@
 Fed by the same stats objects as appliance.metrics: decode steps become points
 (time, ms/token, attention share, context, batch); tokens, queue depth and speculative
 decoding's drafted and accepted tokens are summed into one-second buckets, and the drafts'
-acceptance is also kept per draft position since the start. Everything is bounded: a board
-serves for months.
+acceptance is also kept per draft position since the start. Each bucket also carries the cores
+the process ran on and the cores' worth of time its threads waited for a CPU
+(appliance/telemetry/cpu_wait.py), read when the bucket closes: a neighbour on the cores shows
+there on the board itself, as BoardCpuContended shows it in Prometheus. Everything is
+bounded: a board serves for months.
 """
 from __future__ import annotations
 
@@ -16,12 +19,17 @@ from typing import Callable
 from appliance.engine.speculative import SpeculativeStats
 from appliance.engine.stats import DecodeStats, PrefillStats
 from appliance.server.scheduler import StepTokens
+from appliance.telemetry.cpu_wait import CpuTimes
 
 
 class LiveStats:
     def __init__(self, seconds: int = 300, points: int = 600,
-                 queue_state: Callable[[], tuple[int, int]] | None = None):
+                 queue_state: Callable[[], tuple[int, int]] | None = None,
+                 cpu_times: Callable[[], CpuTimes | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.lock = threading.Lock()
+        self.cpu_times, self.clock = cpu_times, clock
+        self._cpu_last: tuple[float, CpuTimes] | None = None   # (monotonic time, totals) at the last close
         self.steps: collections.deque[dict] = collections.deque(maxlen=points)
         self.prefills: collections.deque[dict] = collections.deque(maxlen=points // 4)
         self.buckets: collections.deque[dict] = collections.deque(maxlen=seconds)
@@ -38,15 +46,33 @@ class LiveStats:
         if cur is not None and cur["t"] == second:
             return cur
         if cur is not None:
-            self._close(cur)
+            cpu = self._cpu_rates()
+            self._close({**cur, **cpu})
             gap_start = cur["t"] + 1
             if second - gap_start > self.buckets.maxlen:
                 gap_start = second - self.buckets.maxlen
             running, waiting = self.queue_state()
-            for t in range(gap_start, second):     # idle seconds still show on the chart
-                self.buckets.append({**self._empty(t), "running": running, "waiting": waiting})
+            # idle seconds still show on the chart, with the CPU rates of the whole span they
+            # belong to (nothing read the totals in between)
+            for t in range(gap_start, second):
+                self.buckets.append({**self._empty(t), "running": running, "waiting": waiting, **cpu})
+        if self._cpu_last is None:
+            self._cpu_rates()          # the first bucket's baseline: its own CPU time, not the process's since start
         self._current = self._empty(second)
         return self._current
+
+    def _cpu_rates(self) -> dict:
+        """Cores run and cores' worth of waiting since the last close (None: unknown here, or no
+        earlier reading to count from)."""
+        times = self.cpu_times() if self.cpu_times is not None else None
+        if times is None:
+            return {"cpu_run": None, "cpu_wait": None}
+        now, last = self.clock(), self._cpu_last
+        self._cpu_last = (now, times)
+        if last is None or now <= last[0]:
+            return {"cpu_run": None, "cpu_wait": None}
+        span = now - last[0]
+        return {"cpu_run": (times.run_s - last[1].run_s) / span, "cpu_wait": (times.wait_s - last[1].wait_s) / span}
 
     @staticmethod
     def _empty(second: int) -> dict:
@@ -102,9 +128,14 @@ class LiveStats:
                        "decode_ms": round(1e3 * b["step_s"] / b["steps"], 3) if b["steps"] else None,
                        "attn_share": round(b["attn"] / b["steps"], 4) if b["steps"] else None,
                        "running": b["running"], "waiting": b["waiting"],
-                       "spec_drafted": b["drafted"], "spec_accepted": b["accepted"]}
+                       "spec_drafted": b["drafted"], "spec_accepted": b["accepted"],
+                       "cpu_run_cores": _rounded(b.get("cpu_run")), "cpu_wait_cores": _rounded(b.get("cpu_wait"))}
                       for b in self.buckets if b["t"] > series_since]
             steps = [s for s in self.steps if s["t"] > steps_since]
             prefills = [p for p in self.prefills if p["t"] > steps_since]
         return {"series": series, "steps": steps[-300:], "prefills": prefills,
                 "speculation": self.speculation()}     # after the lock: speculation() takes it
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)

@@ -30,7 +30,8 @@ class Runtime:
         self.load_progress: dict | None = None
         self.ready_event = threading.Event()
         self.metrics = metrics or Metrics()
-        self.live = LiveStats(queue_state=self._queue_state)
+        cpu_wait = self.metrics.cpu_wait
+        self.live = LiveStats(queue_state=self._queue_state, cpu_times=cpu_wait.read if cpu_wait is not None else None)
         self.thermal = ThermalMonitor(settings.sysfs_root, settings.thermal_interval)
         self.metrics.bind(thermal=self.thermal.snapshot)
 

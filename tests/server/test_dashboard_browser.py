@@ -1,6 +1,7 @@
 """The dashboard in Debian's Chromium through pip's Playwright (never `playwright install`)."""
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import threading
@@ -13,8 +14,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from browser_kit import ARGS, CHROMIUM, INKED  # noqa: E402
 
-# Charts every server with sensors shows (speculative decoding's appear once drafts are verified).
+# Charts every server with sensors shows (speculative decoding's appear once drafts are verified;
+# the CPU's where the kernel counts run-queue waits, as Debian's and Rockchip's kernels do).
 BASE_CHARTS = ["chart-decode", "chart-attn", "chart-tps", "chart-queue", "chart-temp", "chart-freq"]
+SCHEDSTAT = Path("/proc/self/schedstat").exists()
+CHARTS = BASE_CHARTS + (["chart-cpu"] if SCHEDSTAT else [])
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,14 +40,14 @@ def test_dashboard_page_served(idle_server):
 def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
     playwright = pytest.importorskip("playwright.sync_api")
 
-    # traffic in the background so the decode charts have live points
+    # traffic in the background so the decode charts have live points; sent while the page
+    # polls, so that its seconds close one by one and their CPU time is their own
     def traffic():
         for i in range(3):
             idle_server.post("/v1/completions", json={"model": model_id, "prompt": f"Edge board {i}",
-                                                      "max_tokens": 30, "ignore_eos": True})
+                                                      "max_tokens": 200, "ignore_eos": True})
 
     bg = threading.Thread(target=traffic)
-    bg.start()
     requests_seen, console = [], []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -53,6 +57,8 @@ def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             resp = page.goto(idle_server.base + "/", wait_until="load")
             assert resp.status == 200
+            page.wait_for_function("() => Number(document.body.dataset.drawn) >= 1", timeout=30000)
+            bg.start()
             bg.join(60)
             # charts drawn from live data: decode points, thermal series from the fake tree
             # function form: a string expression would need eval, which the page's CSP forbids
@@ -61,11 +67,18 @@ def test_dashboard_live_charts_and_chat(idle_server, model_id, artifacts_dir):
             # every chart inked (axes, lines, legend); polled: a chart fills at the next poll
             inked, deadline = [], time.monotonic() + 20
             while time.monotonic() < deadline:
-                inked = page.evaluate(INKED, BASE_CHARTS)
-                if len(inked) == 6 and all(n > 200 for n in inked):
+                inked = page.evaluate(INKED, CHARTS)
+                if len(inked) == len(CHARTS) and all(n > 200 for n in inked):
                     break
                 page.wait_for_timeout(250)
-            assert len(inked) == 6 and all(n > 200 for n in inked), (inked, console)
+            assert len(inked) == len(CHARTS) and all(n > 200 for n in inked), (inked, console)
+            if SCHEDSTAT:   # the traffic ran on this machine's cores: the process ran, and says how long it waited
+                series = idle_server.get("/dashboard/stats").json()["series"]
+                assert max(s["cpu_run_cores"] or 0 for s in series) > 0.05, series[-20:]
+                assert all(s["cpu_wait_cores"] >= 0 for s in series if s["cpu_wait_cores"] is not None)
+                # the demo model's traffic takes under a second: the last seconds may be idle
+                assert re.fullmatch(r"[0-9.]+ cores; waited \d+% as long as it ran \(last \d+ s\)|idle",
+                                    page.text_content("#cpu-now")), page.text_content("#cpu-now")
             assert page.text_content("#status") == "ready", console
             assert page.text_content("#model-name") == model_id
             assert "bigcore0-thermal" in page.text_content("#thermal-facts")

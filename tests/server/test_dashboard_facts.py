@@ -6,6 +6,7 @@ from appliance.config import Settings
 from appliance.engine.speculative import SpeculativeStats
 from appliance.server.dashboard_facts import mib, model_rows, setting_rows
 from appliance.server.live import LiveStats
+from appliance.telemetry.cpu_wait import CpuTimes
 
 # What Engine.info() and the runtime's model facts hold for a Qwen3-0.6B-shaped model.
 FACTS = {"id": "Qwen3-0.6B", "model": "Qwen3-0.6B", "model_type": "Qwen3Model", "layers": 28, "hidden": 1024,
@@ -85,3 +86,25 @@ def test_live_history_counts_drafts_per_second_and_position():
     live._current["t"] -= 1                                   # close the current second
     series = live.snapshot()["series"]
     assert sum(s["spec_drafted"] for s in series) == 9 and sum(s["spec_accepted"] for s in series) == 5
+
+
+def test_live_history_carries_the_cores_run_and_waited_for_since_the_last_close():
+    totals = iter([CpuTimes(10.0, 1.0), CpuTimes(11.5, 1.5), CpuTimes(12.0, 1.5), CpuTimes(15.0, 3.0)])
+    clock = iter([100.0, 101.0, 102.0, 105.0])
+    live = LiveStats(cpu_times=lambda: next(totals), clock=lambda: next(clock))
+    live.snapshot()                               # opens the first second: the baseline
+    for back in (1, 1, 3):                        # close it as if `back` seconds had passed
+        live._current["t"] -= back
+        live.snapshot()
+    got = [(s["cpu_run_cores"], s["cpu_wait_cores"]) for s in live.snapshot()["series"]]
+    # the idle seconds of a gap get the rates of the span they belong to
+    assert got == [(1.5, 0.5), (0.5, 0.0), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)]
+
+
+def test_live_history_has_no_cpu_rates_where_the_kernel_counts_no_waits():
+    for live in (LiveStats(), LiveStats(cpu_times=lambda: None)):
+        live.snapshot()
+        for _ in range(2):
+            live._current["t"] -= 1
+            live.snapshot()
+        assert {(s["cpu_run_cores"], s["cpu_wait_cores"]) for s in live.snapshot()["series"]} == {(None, None)}

@@ -1,6 +1,7 @@
 // Dashboard: polls /dashboard/stats once a second (only new points), redraws the canvas
-// charts that mean something here (speculative decoding once drafts are verified, thermal
-// zones and cpufreq only where the board has them), and runs a chat panel that streams from
+// charts that mean something here (speculative decoding once drafts are verified, the CPU's
+// run and wait where the kernel counts them, thermal zones and cpufreq only where the board has
+// them), and runs a chat panel that streams from
 // /v1/chat/completions: the model's reasoning folded above its answer, its tool calls shown
 // as such and, with "board tools" on, run here (a tool reading this board's sensors) and sent
 // back. A checkpoint without a chat template gets plain completions (/v1/completions).
@@ -70,6 +71,9 @@
     n += chart("chart-queue", {xTime: true, series: [
       {name: "running", points: state.series.map(s => [s.t, s.running])},
       {name: "waiting", points: state.series.map(s => [s.t, s.waiting])}]});
+    n += chart("chart-cpu", {xTime: true, yMin: 0, series: [
+      {name: "running", points: state.series.map(s => [s.t, s.cpu_run_cores ?? null])},
+      {name: "waiting for a CPU", points: state.series.map(s => [s.t, s.cpu_wait_cores ?? null])}]});
     // seconds without drafts are gaps, not 0%: nothing was guessed then
     n += chart("chart-spec", {xTime: true, yMin: 0, yMax: 100, empty: "no drafts yet", series: [
       {name: "accepted %", points: state.series.map(s => [s.t,
@@ -126,6 +130,7 @@
       `context ${last.ctx.toLocaleString("en")} tokens` : "";
     const lastSec = state.series[state.series.length - 1];
     $("tps-now").textContent = lastSec ? `${lastSec.tokens_per_s} tokens/s` : "";
+    showCpu();
     const th = d.thermal, badge = $("throttle");
     state.sensors = th;
     // null: not sampled yet; empty lists: a machine without sensors (a VM, a laptop's container)
@@ -167,6 +172,31 @@
       $("status").className = "badge bad";
     }
     setTimeout(poll, POLL_MS);
+  }
+
+  // ---- CPU wait --------------------------------------------------------------------
+  // Shown where the kernel counts run-queue waits (schedstat): the cores the process ran on and
+  // the cores' worth of time its ready threads waited, a neighbour holding them. Over the last
+  // seconds, the wait as a share of the run time: Prometheus's BoardCpuContended fires when it
+  // stays above half for 15 minutes (docs/fleet.md).
+  const CPU_WINDOW_S = 10, CPU_CONTENDED = 0.5;
+
+  function showCpu() {
+    const known = state.series.filter(s => s.cpu_run_cores !== null && s.cpu_run_cores !== undefined);
+    show("card-cpu", known.length > 0);
+    const recent = known.slice(-CPU_WINDOW_S);
+    const run = recent.reduce((a, s) => a + s.cpu_run_cores, 0);
+    const wait = recent.reduce((a, s) => a + s.cpu_wait_cores, 0);
+    const now = $("cpu-now");
+    if (!recent.length || run < 0.01 * recent.length) {
+      now.textContent = recent.length ? "idle" : "";
+      now.className = "now";
+      return;
+    }
+    const share = wait / run;
+    now.textContent = `${(run / recent.length).toFixed(2)} cores; waited ${(100 * share).toFixed(0)}% ` +
+      `as long as it ran (last ${recent.length} s)`;
+    now.className = "now" + (share > CPU_CONTENDED ? " bad" : "");
   }
 
   // ---- speculative decoding ------------------------------------------------------
