@@ -29,7 +29,7 @@ class LiveStats:
                  clock: Callable[[], float] = time.monotonic):
         self.lock = threading.Lock()
         self.cpu_times, self.clock = cpu_times, clock
-        self._cpu_last: tuple[float, CpuTimes] | None = None   # (monotonic time, totals) at the last close
+        self._cpu_last: tuple[float, CpuTimes] | None = None   # (clock, totals) at the last reading
         self.steps: collections.deque[dict] = collections.deque(maxlen=points)
         self.prefills: collections.deque[dict] = collections.deque(maxlen=points // 4)
         self.buckets: collections.deque[dict] = collections.deque(maxlen=seconds)
@@ -62,8 +62,8 @@ class LiveStats:
         return self._current
 
     def _cpu_rates(self) -> dict:
-        """Cores run and cores' worth of waiting since the last close (None: unknown here, or no
-        earlier reading to count from)."""
+        """Cores run and cores' worth of waiting since the last reading (None: unknown here, or no
+        earlier reading to count from). Read as a bucket closes, and as the first one opens."""
         times = self.cpu_times() if self.cpu_times is not None else None
         if times is None:
             return {"cpu_run": None, "cpu_wait": None}
