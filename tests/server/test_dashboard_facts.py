@@ -88,7 +88,7 @@ def test_live_history_counts_drafts_per_second_and_position():
     assert sum(s["spec_drafted"] for s in series) == 9 and sum(s["spec_accepted"] for s in series) == 5
 
 
-def test_live_history_carries_the_cores_run_and_waited_for_since_the_last_close():
+def test_live_history_carries_the_cores_run_and_waited_for_since_the_last_reading():
     totals = iter([CpuTimes(10.0, 1.0), CpuTimes(11.5, 1.5), CpuTimes(12.0, 1.5), CpuTimes(15.0, 3.0)])
     clock = iter([100.0, 101.0, 102.0, 105.0])
     live = LiveStats(cpu_times=lambda: next(totals), clock=lambda: next(clock))

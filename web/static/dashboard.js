@@ -1,10 +1,9 @@
 // Dashboard: polls /dashboard/stats once a second (only new points), redraws the canvas
 // charts that mean something here (speculative decoding once drafts are verified, the CPU's
 // run and wait where the kernel counts them, thermal zones and cpufreq only where the board has
-// them), and runs a chat panel that streams from
-// /v1/chat/completions: the model's reasoning folded above its answer, its tool calls shown
-// as such and, with "board tools" on, run here (a tool reading this board's sensors) and sent
-// back. A checkpoint without a chat template gets plain completions (/v1/completions).
+// them), and runs a chat panel that streams from /v1/chat/completions: the model's reasoning
+// folded above its answer, its tool calls shown as such and, with "board tools" on, run here (a
+// tool reading this board's sensors) and sent back. A checkpoint without a chat template gets plain completions (/v1/completions).
 // Text from the model or the server is only ever set with textContent.
 "use strict";
 (function () {
