@@ -109,9 +109,9 @@ struct gemm_job {
 #endif
 };
 
-static void gemm_chunk(void *ctx, int64_t chunk, int participant)
+/* A chunk of the row route, into y (the job's, or a worker's copy of it: pool.h pool_run_out). */
+static void gemm_chunk_into(const void *ctx, int64_t chunk, float *y)
 {
-    (void)participant;
     const struct gemm_job *j = ctx;
     const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
     const int64_t g_end = (p + 1) * j->panel < j->ngroups ? (p + 1) * j->panel : j->ngroups;
@@ -124,7 +124,7 @@ static void gemm_chunk(void *ctx, int64_t chunk, int participant)
             .is_q4 = j->is_q4, .mr = (int)(m_end - m0), .wq = j->wq, .wd = j->wd, .N = N, .nb = nb,
             .row_bytes = row_bytes, .g0 = p * j->panel, .g1 = g_end, .x = j->xq + m0 * K, .K = K,
             .xdT = j->rows_pk.xdT + (m0 / 4) * nb * 4, .xinit = j->rows_pk.xinit + (m0 / 4) * nb * 4,
-            .y = j->y + m0 * N, .ldy = N, .prefetch = 1};
+            .y = y + m0 * N, .ldy = N, .prefetch = 1};
         j->rows(&a);
         return;
     }
@@ -145,10 +145,49 @@ static void gemm_chunk(void *ctx, int64_t chunk, int participant)
             /* Only the first pass over a group streams its rows from memory. */
             const int64_t ahead = m0 == mc * j->mrows && g + 1 < g_end ? NR * row_bytes : 0;
             gemm_tile_dispatch(j->is_q4, mr, wrow, wdrow, nb, j->xq + m0 * K, K, j->xd + m0 * nb,
-                               j->xsum8 != NULL ? j->xsum8 + m0 * nb : NULL, j->y + m0 * N + n0, N, ncols,
+                               j->xsum8 != NULL ? j->xsum8 + m0 * nb : NULL, y + m0 * N + n0, N, ncols,
                                ahead);
         }
     }
+}
+
+static void gemm_chunk(void *ctx, int64_t chunk, int participant)
+{
+    (void)participant;
+    gemm_chunk_into(ctx, chunk, ((const struct gemm_job *)ctx)->y);
+}
+
+static void gemm_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
+{
+    const struct gemm_job *j = ctx;
+    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
+    *m0 = mc * j->mrows;
+    *m1 = *m0 + j->mrows < j->M ? *m0 + j->mrows : j->M;
+    *n0 = p * j->panel * NR;
+    *n1 = (p + 1) * j->panel * NR < j->N ? (p + 1) * j->panel * NR : j->N;
+}
+
+/* Decode-sized products on the row route (up to this many rows) run as pool_run_out jobs: they
+ * return without waiting for a worker that lost its core. */
+#define GEMM_OUT_MAX_ROWS 16
+
+/* Run the row route's job as a pool_run_out job, from one block holding the job and its xsum8;
+ * 0 when out of memory for the block. */
+static int gemm_run_out(struct gemm_job *job, int nt, int64_t nchunks)
+{
+    const int64_t sums = job->is_q4 && GEMM_Q4_XSUM8 ? job->M * job->nb : 0;
+    struct gemm_job *blk = malloc(sizeof *blk + (size_t)sums * sizeof(int32_t));
+    if (blk == NULL)
+        return 0;
+    *blk = *job;
+    if (sums > 0) {
+        int32_t *xsum8 = (int32_t *)(blk + 1);
+        for (int64_t i = 0; i < sums; i++)
+            xsum8[i] = 8 * gemm_block_sum(job->xq + i * QK);
+        blk->xsum8 = xsum8;
+    }
+    pool_run_out(KERNEL_GEMM, nt, nchunks, gemm_chunk_into, gemm_rect, blk, job->y, job->M, job->N);
+    return 1;
 }
 
 #if defined(GEMM_PACKED)
@@ -255,6 +294,9 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
         job.rows = NULL;
     uses_tile = job.rows == NULL;
 #endif
+    const int64_t nchunks = ((ngroups + panel - 1) / panel) * job.mchunks;
+    if (uses_tile && M <= GEMM_OUT_MAX_ROWS && gemm_run_out(&job, nt, nchunks))
+        return;
     /* xsum8 is gemm_tile's operand only (the row runner folds the offset into xinit). */
     int failed = 0;
     int32_t *xsum8 = uses_tile ? gemm_xsum8(is_q4, xq, M, nb, &failed) : NULL;
@@ -264,7 +306,7 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
         return;
     }
     job.xsum8 = xsum8;
-    pool_run(KERNEL_GEMM, nt, ((ngroups + panel - 1) / panel) * job.mchunks, gemm_chunk, &job);
+    pool_run(KERNEL_GEMM, nt, nchunks, gemm_chunk, &job);
 #if defined(GEMM_ROWS_RUNNER)
     if (job.rows != NULL)
         gemm_packed_release(&job.rows_pk);

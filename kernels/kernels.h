@@ -260,15 +260,28 @@ int kernel_last_threads(int family);
  * kernel_default_threads: the team of nthreads == 0 (OMP_NUM_THREADS if set, else the CPUs this
  * process may run on). kernel_pool_stats fills out[KERNEL_POOL_STATS], counters since the process
  * started: jobs run in parallel, chunks run by calling threads, chunks run by workers, times a
- * caller slept for a chunk a worker held (its core was taken), times a worker woke from sleep.
+ * caller slept for a chunk a worker held (its core was taken), times a worker woke from sleep,
+ * chunks a caller took back from a worker that held them without progress (pool_run_out).
  * kernel_pool_hold_workers(1): workers take no chunks (tests: every worker's core taken);
  * kernel_pool_set_spin_us: how long idle workers spin before they sleep (default 200).        */
 enum kernel_pool_stat { KERNEL_POOL_JOBS, KERNEL_POOL_CALLER_CHUNKS, KERNEL_POOL_WORKER_CHUNKS,
-                        KERNEL_POOL_CALLER_SLEEPS, KERNEL_POOL_WORKER_WAKEUPS, KERNEL_POOL_STATS };
+                        KERNEL_POOL_CALLER_SLEEPS, KERNEL_POOL_WORKER_WAKEUPS, KERNEL_POOL_TAKEN_BACK,
+                        KERNEL_POOL_STATS };
 int kernel_default_threads(void);
 void kernel_pool_stats(int64_t *out);
 void kernel_pool_hold_workers(int hold);
 void kernel_pool_set_spin_us(int us);
+/* The GEMMs of decode-sized products (pool.h pool_run_out) return without waiting for a worker
+ * that lost its core: the caller computes that worker's chunk again (KERNEL_POOL_TAKEN_BACK counts
+ * them), and the worker, when it runs again, finishes a result nobody copies. The operands it reads
+ * (weights, activations) must stay alive until then: kernel_pool_last_stale() is the id of the
+ * latest such job of the calling thread (0: none; reading it clears it), kernel_pool_released(id)
+ * says whether no worker is inside that job or an earlier one any more.
+ * kernel_pool_stall_workers(us): a worker sleeps that long after taking each chunk of such a job,
+ * as when it loses its core holding one (tests; 0: off).                                        */
+uint64_t kernel_pool_last_stale(void);
+int kernel_pool_released(uint64_t job);
+void kernel_pool_stall_workers(int us);
 
 /* ---- the GEMM's micro-kernel ---------------------------------------------------
  * Prefill-sized GEMMs (M >= 32) may run a packed route with one of several micro-kernels, chosen

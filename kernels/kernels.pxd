@@ -2,7 +2,7 @@
 # the kernels' Cython (tests/kernels/test_kernel_contract.py holds it to the header). Everything
 # is nogil: no kernel touches a Python object. Axis names follow the header: N out features,
 # K in features, M rows, T queries, hd head_dim.
-from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t, uint64_t
 
 cdef extern from "kernels.h" nogil:
     enum: QK
@@ -150,11 +150,15 @@ cdef extern from "kernels.h" nogil:
         KERNEL_POOL_WORKER_CHUNKS
         KERNEL_POOL_CALLER_SLEEPS
         KERNEL_POOL_WORKER_WAKEUPS
+        KERNEL_POOL_TAKEN_BACK
         KERNEL_POOL_STATS
     int kernel_default_threads()
     void kernel_pool_stats(int64_t *out)
     void kernel_pool_hold_workers(int hold)
     void kernel_pool_set_spin_us(int us)
+    uint64_t kernel_pool_last_stale()
+    int kernel_pool_released(uint64_t job)
+    void kernel_pool_stall_workers(int us)
 
     const char *kernel_gemm_variant()
     const char *kernel_gemm_variants()

@@ -13,7 +13,7 @@ quantize_rows_q8 produce (the SIMD dot products rely on it).
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int32_t, int64_t, uint64_t
 
 # The contract, declared once in kernels.pxd (explicit: this module is appliance.kernels._kernels,
 # so Cython would not pair it with kernels.pxd by name).
@@ -46,13 +46,14 @@ def last_threads():
     return {name: kernel_last_threads(f) for name, f in _FAMILIES.items()}
 
 
-_POOL_STATS = ("jobs", "caller_chunks", "worker_chunks", "caller_sleeps", "worker_wakeups")
+_POOL_STATS = ("jobs", "caller_chunks", "worker_chunks", "caller_sleeps", "worker_wakeups", "taken_back")
 
 
 def pool_stats():
     """{counter: value} of the kernels' thread pool since the process started: parallel jobs, chunks
     the calling threads and the workers ran, times a caller slept on a chunk a worker held (its core
-    was taken), times a worker woke from sleep."""
+    was taken), times a worker woke from sleep, and chunks a caller computed again instead of
+    waiting for a worker that held them without progress (decode-sized GEMMs)."""
     cdef int64_t out[KERNEL_POOL_STATS]
     kernel_pool_stats(out)
     return {name: out[i] for i, name in enumerate(_POOL_STATS)}
@@ -62,6 +63,27 @@ def pool_hold_workers(bint hold):
     """While held, the pool's workers take no work, as when another process holds their cores:
     every kernel still completes, on the calling thread (for tests)."""
     kernel_pool_hold_workers(hold)
+
+
+def pool_stall_workers(int us):
+    """Make every worker sleep `us` microseconds after taking each chunk of a decode-sized GEMM, as
+    when it loses its core holding one (for tests; 0: off)."""
+    if us < 0:
+        raise ValueError(f"stall must be >= 0 microseconds, got {us}")
+    kernel_pool_stall_workers(us)
+
+
+# Operands of GEMM calls that returned with a stalled worker still inside (kernels.h
+# kernel_pool_last_stale): (job, arrays), held so that the worker never reads freed memory.
+_stale_operands = []
+
+
+cdef inline void _hold_if_stale(object operands):
+    cdef uint64_t job = kernel_pool_last_stale()
+    if job:
+        _stale_operands.append((job, operands))
+    if _stale_operands:
+        _stale_operands[:] = [h for h in _stale_operands if not kernel_pool_released(h[0])]
 
 
 def pool_set_spin_us(int us):
@@ -245,6 +267,7 @@ cdef object _gemm(bint q4, object wq, object wd, object xq, object xd, object ou
             gemm_q8_simd(<const int8_t *>w, d, N, K, x, xs, M, y, nt)
         else:
             gemm_q8_portable(<const int8_t *>w, d, N, K, x, xs, M, y, nt)
+    _hold_if_stale((wq, wd, xq, xd))
     return out
 
 
@@ -317,6 +340,7 @@ def gemm_strips(ws, Py_ssize_t N, Py_ssize_t K, bint q4, xq, xd, out=None, path=
             gemm_strips_simd(q4, w, N, K, x, xs, M, y, nt)
         else:
             gemm_strips_portable(q4, w, N, K, x, xs, M, y, nt)
+    _hold_if_stale((ws, xq, xd))
     return out
 
 

@@ -6,6 +6,12 @@
  * chunk), so a worker still holding the descriptor of an older job cannot take a chunk of a newer
  * one: its compare-and-swap names the old generation and fails. `done` counts finished chunks and
  * is what the caller waits on. Workers and callers spin a bounded time, then sleep on futexes.
+ *
+ * A pool_run_out job (pool.h) also has a number, `seq`, and a state per chunk, stamped with that
+ * number (seq << 2 | CHUNK_*), so that a stale worker's compare-and-swap on a chunk's state can
+ * never succeed for a later job. A worker publishes the number of the job it is inside (in_seq)
+ * before it looks for a chunk; a caller frees the job's block only when no worker is inside, and
+ * otherwise parks it (retired) until none is.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -30,6 +36,10 @@
 /* A caller that finished its own chunks waits at most this long spinning for a worker's: longer
  * means that worker lost its core, and sleeping lets the scheduler give it ours. */
 #define POOL_CALLER_SPIN_US 50
+/* Blocks of finished pool_run_out jobs that a stalled worker may still read. */
+#define POOL_RETIRED_MAX 64
+
+enum { CHUNK_TAKEN_BACK = 1, CHUNK_COPYING = 2, CHUNK_DONE = 3 };
 
 static struct {
     pthread_mutex_t lock;        /* held by the caller of the running job */
@@ -47,8 +57,23 @@ static struct {
     int sleepers;                /* workers asleep on gen */
     int hold;
     int spin_us;
+    int stall_us;
+    int caller_cpu;              /* where the running job's caller runs (-1: unknown) */
+    /* the running job when it is a pool_run_out one (seq 0: a pool_run job) */
+    uint64_t seq;
+    pool_out_task otask;
+    pool_out_rect orect;
+    float *oy;
+    int64_t oM, oldy;
+    uint64_t last_seq;           /* pool_run_out jobs numbered so far */
+    uint64_t in_seq[POOL_MAX_THREADS];   /* the pool_run_out job each worker is inside, 0: none */
+    struct { uint64_t seq; void *block; } retired[POOL_RETIRED_MAX];
+    int nretired;
     int64_t stat[KERNEL_POOL_STATS];
-} P = {.lock = PTHREAD_MUTEX_INITIALIZER, .spin_us = POOL_DEFAULT_SPIN_US};
+} P = {.lock = PTHREAD_MUTEX_INITIALIZER, .spin_us = POOL_DEFAULT_SPIN_US, .caller_cpu = -1};
+
+static uint64_t chunk_state[POOL_OUT_MAX_CHUNKS];
+static __thread uint64_t last_stale;   /* this caller's latest job left with a worker inside */
 
 static inline void cpu_relax(void)
 {
@@ -94,6 +119,29 @@ static void wake(uint32_t *addr, int n)
 #endif
 }
 
+/* True where this thread shares its core with the running job's caller, or cannot tell. Only then
+ * does a spinning worker yield: yielding to another process's thread gives that thread the core
+ * until the scheduler's next tick (milliseconds, the "busy loop" measurements in
+ * docs/performance.md), while our caller is the one thread whose progress we wait for. */
+static inline int on_callers_cpu(void)
+{
+#if defined(__linux__)
+    const int cpu = __atomic_load_n(&P.caller_cpu, __ATOMIC_RELAXED);
+    return cpu < 0 || sched_getcpu() == cpu;
+#else
+    return 1;
+#endif
+}
+
+static inline int current_cpu(void)
+{
+#if defined(__linux__)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
+
 /* Spin until *addr != value or the spin budget is spent; returns the last value seen. */
 static uint32_t spin_while_equal(const uint32_t *addr, uint32_t value, int budget_us)
 {
@@ -110,8 +158,8 @@ static uint32_t spin_while_equal(const uint32_t *addr, uint32_t value, int budge
         const int64_t spent = now_us() - t0;
         if (spent >= budget_us)
             return v;
-        if (spent >= POOL_PURE_SPIN_US)
-            sched_yield();   /* something else runnable on this core gets it */
+        if (spent >= POOL_PURE_SPIN_US && on_callers_cpu())
+            sched_yield();   /* the job's caller, if it shares this core, gets it */
     }
 }
 
@@ -137,10 +185,84 @@ static int64_t run_chunks(uint32_t gen, int participant)
     }
 }
 
+/* A worker's private copy of a pool_run_out job's y (grown as jobs need, never shrunk). */
+struct scratch {
+    float *y;
+    size_t floats;
+};
+
+static float *scratch_for(struct scratch *sc, int64_t floats)
+{
+    if ((size_t)floats > sc->floats) {
+        float *p = realloc(sc->y, (size_t)floats * sizeof(float));
+        if (p == NULL)
+            return NULL;
+        sc->y = p;
+        sc->floats = (size_t)floats;
+    }
+    return sc->y;
+}
+
+/* Take and run chunks of pool_run_out job `gen`, each into the scratch copy of y, and copy a chunk's
+ * rectangle into y only if its state still is what it was when taken (the caller did not take it
+ * back). Returns how many chunks this worker copied in. */
+static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
+{
+    const uint64_t seq = __atomic_load_n(&P.seq, __ATOMIC_RELAXED);
+    if (seq == 0)
+        return 0;
+    __atomic_store_n(&P.in_seq[id], seq, __ATOMIC_SEQ_CST);
+    /* Inside from here on: a caller that finishes the job after this store sees it and keeps the
+     * block. One that finished before has taken every chunk, which the next load shows. */
+    int64_t ran = 0;
+    uint64_t c = __atomic_load_n(&P.claim, __ATOMIC_SEQ_CST);
+    const int64_t nchunks = __atomic_load_n(&P.nchunks, __ATOMIC_RELAXED);
+    const pool_out_task task = __atomic_load_n(&P.otask, __ATOMIC_RELAXED);
+    const pool_out_rect rect = __atomic_load_n(&P.orect, __ATOMIC_RELAXED);
+    const void *const ctx = __atomic_load_n(&P.ctx, __ATOMIC_RELAXED);
+    float *const y = __atomic_load_n(&P.oy, __ATOMIC_RELAXED);
+    const int64_t M = __atomic_load_n(&P.oM, __ATOMIC_RELAXED), ldy = __atomic_load_n(&P.oldy, __ATOMIC_RELAXED);
+    /* The descriptor just read is this job's whenever a chunk of it can still be claimed below. */
+    for (;;) {
+        if ((uint32_t)(c >> 32) != gen || (int64_t)(uint32_t)c >= nchunks)
+            break;
+        if (!__atomic_compare_exchange_n(&P.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        const int64_t k = (uint32_t)c;
+        const int stall = __atomic_load_n(&P.stall_us, __ATOMIC_RELAXED);
+        if (stall > 0)
+            usleep((useconds_t)stall);
+        uint64_t st = __atomic_load_n(&chunk_state[k], __ATOMIC_ACQUIRE);
+        float *copy;
+        /* A stamp older than this job: nobody has touched the chunk in it yet (a stalled worker may
+         * read the state after the caller took the chunk back, or after later jobs stamped it).
+         * Out of memory for the copy: leave the chunk; the caller takes it back. */
+        if ((st >> 2) < seq && (copy = scratch_for(sc, M * ldy)) != NULL) {
+            task(ctx, k, copy);
+            if (__atomic_compare_exchange_n(&chunk_state[k], &st, seq << 2 | CHUNK_COPYING, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                int64_t m0, m1, n0, n1;
+                rect(ctx, k, &m0, &m1, &n0, &n1);
+                for (int64_t m = m0; m < m1; m++)
+                    memcpy(y + m * ldy + n0, copy + m * ldy + n0, (size_t)(n1 - n0) * sizeof(float));
+                __atomic_store_n(&chunk_state[k], seq << 2 | CHUNK_DONE, __ATOMIC_RELEASE);
+                ran++;
+                const uint32_t d = __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
+                if ((int64_t)d == nchunks && __atomic_load_n(&P.caller_waiting, __ATOMIC_SEQ_CST))
+                    wake(&P.done, 1);
+            }
+        }
+        c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
+    }
+    __atomic_store_n(&P.in_seq[id], 0, __ATOMIC_RELEASE);
+    return ran;
+}
+
 static void *worker_main(void *arg)
 {
     const int id = (int)(intptr_t)arg;
     uint32_t seen = __atomic_load_n(&P.start_gen[id], __ATOMIC_ACQUIRE);
+    struct scratch sc = {NULL, 0};
     for (;;) {
         uint32_t g = spin_while_equal(&P.gen, seen, __atomic_load_n(&P.spin_us, __ATOMIC_RELAXED));
         if (g == seen) {
@@ -153,7 +275,8 @@ static void *worker_main(void *arg)
         seen = g;
         if (id >= __atomic_load_n(&P.team, __ATOMIC_RELAXED) || __atomic_load_n(&P.hold, __ATOMIC_ACQUIRE))
             continue;   /* not in this job's team (or held by a test) */
-        const int64_t ran = run_chunks(g, id);
+        const int64_t ran = __atomic_load_n(&P.seq, __ATOMIC_RELAXED) != 0 ? run_out_chunks(g, id, &sc)
+                                                                            : run_chunks(g, id);
         if (ran)
             stat_add(KERNEL_POOL_WORKER_CHUNKS, ran);
     }
@@ -167,6 +290,8 @@ static void after_fork_in_child(void)
     P.nworkers = 0;
     P.sleepers = 0;
     P.caller_waiting = 0;
+    memset(P.in_seq, 0, sizeof P.in_seq);
+    P.nretired = 0;   /* the parent's parked blocks stay allocated in the child: a few kilobytes */
 }
 
 static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
@@ -208,53 +333,214 @@ static void run_inline(int family, int64_t nchunks, pool_task task, void *ctx)
         task(ctx, c, 0);
 }
 
-void pool_run(int family, int team, int64_t nchunks, pool_task task, void *ctx)
+/* Take the pool for a job: the team, with the lock held and the workers started; 0 when the job
+ * runs on the caller alone (one thread wanted, one chunk, or another Python thread's job running). */
+static int take_pool(int family, int team, int64_t nchunks)
 {
     if (team > POOL_MAX_THREADS)
         team = POOL_MAX_THREADS;
-    if (nchunks > INT32_MAX)
-        nchunks = 0;   /* never asked of a kernel here; refuse rather than wrap the counter */
-    if (team <= 1 || nchunks <= 1 || pthread_mutex_trylock(&P.lock) != 0) {
-        run_inline(family, nchunks, task, ctx);
-        return;
-    }
+    if (team <= 1 || nchunks <= 1 || pthread_mutex_trylock(&P.lock) != 0)
+        return 0;
     const int workers = ensure_workers(team - 1);
     if (team > workers + 1)
         team = workers + 1;
     if (team <= 1) {
         pthread_mutex_unlock(&P.lock);
-        run_inline(family, nchunks, task, ctx);
-        return;
+        return 0;
     }
     kernels_note_team(family, team);
+    return team;
+}
 
+/* Publish a job (a pool_run_out job's own fields written before) and wake sleeping workers. */
+static uint32_t publish(pool_task task, void *ctx, int64_t nchunks, int team)
+{
     const uint32_t gen = P.gen + 1;   /* only callers write it, under the lock */
     __atomic_store_n(&P.task, task, __ATOMIC_RELAXED);
     __atomic_store_n(&P.ctx, ctx, __ATOMIC_RELAXED);
     __atomic_store_n(&P.nchunks, nchunks, __ATOMIC_RELAXED);
     __atomic_store_n(&P.team, team, __ATOMIC_RELAXED);
     __atomic_store_n(&P.done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.caller_cpu, current_cpu(), __ATOMIC_RELAXED);
     __atomic_store_n(&P.claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);
     __atomic_store_n(&P.gen, gen, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST) > 0)
         wake(&P.gen, INT_MAX);
-
     stat_add(KERNEL_POOL_JOBS, 1);
+    return gen;
+}
+
+/* Sleep until a chunk finishes, unless all `nchunks` already have. */
+static void sleep_on_done(int64_t nchunks)
+{
+    __atomic_store_n(&P.caller_waiting, 1, __ATOMIC_SEQ_CST);
+    const uint32_t d = __atomic_load_n(&P.done, __ATOMIC_SEQ_CST);
+    if ((int64_t)d != nchunks) {
+        stat_add(KERNEL_POOL_CALLER_SLEEPS, 1);
+        wait_on(&P.done, d);
+    }
+    __atomic_store_n(&P.caller_waiting, 0, __ATOMIC_SEQ_CST);
+}
+
+static int caller_budget_us(void)
+{
+    return P.spin_us < POOL_CALLER_SPIN_US ? P.spin_us : POOL_CALLER_SPIN_US;
+}
+
+void pool_run(int family, int team, int64_t nchunks, pool_task task, void *ctx)
+{
+    if (nchunks > INT32_MAX)
+        nchunks = 0;   /* never asked of a kernel here; refuse rather than wrap the counter */
+    team = take_pool(family, team, nchunks);
+    if (team == 0) {
+        run_inline(family, nchunks, task, ctx);
+        return;
+    }
+    __atomic_store_n(&P.seq, 0, __ATOMIC_RELAXED);
+    const uint32_t gen = publish(task, ctx, nchunks, team);
     stat_add(KERNEL_POOL_CALLER_CHUNKS, run_chunks(gen, 0));
 
     /* The chunks other threads took: spin while they make progress, sleep when none is made
      * within the budget (the worker holding one lost its core). */
-    const int budget = P.spin_us < POOL_CALLER_SPIN_US ? P.spin_us : POOL_CALLER_SPIN_US;
+    uint32_t d;
+    while ((int64_t)(d = __atomic_load_n(&P.done, __ATOMIC_ACQUIRE)) != nchunks)
+        if (spin_while_equal(&P.done, d, caller_budget_us()) == d)
+            sleep_on_done(nchunks);
+    pthread_mutex_unlock(&P.lock);
+}
+
+/* ---- pool_run_out ------------------------------------------------------------------------ */
+
+/* True when no worker is inside job `seq` or an earlier one. */
+static int released(uint64_t seq)
+{
+    for (int w = 1; w < POOL_MAX_THREADS; w++) {
+        const uint64_t v = __atomic_load_n(&P.in_seq[w], __ATOMIC_SEQ_CST);
+        if (v != 0 && v <= seq)
+            return 0;
+    }
+    return 1;
+}
+
+/* Free the parked blocks no worker can read any more (the caller holds the lock). */
+static void reclaim_retired(void)
+{
+    int kept = 0;
+    for (int i = 0; i < P.nretired; i++) {
+        if (released(P.retired[i].seq))
+            free(P.retired[i].block);
+        else
+            P.retired[kept++] = P.retired[i];
+    }
+    P.nretired = kept;
+}
+
+static void retire(uint64_t seq, void *block)
+{
+    reclaim_retired();
+    while (P.nretired == POOL_RETIRED_MAX) {   /* 64 jobs each with a stalled worker: wait for one */
+        usleep(100);
+        reclaim_retired();
+    }
+    P.retired[P.nretired].seq = seq;
+    P.retired[P.nretired].block = block;
+    P.nretired++;
+}
+
+/* Compute every chunk of job `seq` a worker took but has not started copying in; returns how many. */
+static int64_t take_back(uint64_t seq, int64_t nchunks, pool_out_task task, const void *ctx, float *y)
+{
+    int64_t taken = 0;
+    for (int64_t k = 0; k < nchunks; k++) {
+        uint64_t st = __atomic_load_n(&chunk_state[k], __ATOMIC_ACQUIRE);
+        if ((st >> 2) == seq)
+            continue;   /* done, or being copied in */
+        if (!__atomic_compare_exchange_n(&chunk_state[k], &st, seq << 2 | CHUNK_TAKEN_BACK, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;   /* its worker got there first: it is copying it in */
+        task(ctx, k, y);
+        __atomic_store_n(&chunk_state[k], seq << 2 | CHUNK_DONE, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
+        taken++;
+    }
+    return taken;
+}
+
+struct out_adapter {
+    pool_out_task task;
+    const void *ctx;
+    float *y;
+};
+
+static void out_adapter_chunk(void *ctx, int64_t chunk, int participant)
+{
+    (void)participant;
+    const struct out_adapter *a = ctx;
+    a->task(a->ctx, chunk, a->y);
+}
+
+void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, pool_out_rect rect, void *ctx,
+                  float *y, int64_t M, int64_t ldy)
+{
+    if (nchunks > POOL_OUT_MAX_CHUNKS || M * ldy > POOL_OUT_MAX_FLOATS) {
+        struct out_adapter a = {task, ctx, y};
+        pool_run(family, team, nchunks, out_adapter_chunk, &a);
+        free(ctx);
+        return;
+    }
+    team = take_pool(family, team, nchunks);
+    if (team == 0) {
+        kernels_note_team(family, 1);
+        for (int64_t c = 0; c < nchunks; c++)
+            task(ctx, c, y);
+        free(ctx);
+        return;
+    }
+    reclaim_retired();
+    const uint64_t seq = ++P.last_seq;
+    __atomic_store_n(&P.seq, seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.otask, task, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.orect, rect, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.oy, y, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.oM, M, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.oldy, ldy, __ATOMIC_RELAXED);
+    const uint32_t gen = publish(NULL, ctx, nchunks, team);
+
+    /* The caller's own chunks, straight into y. */
+    int64_t mine = 0;
+    uint64_t c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
+    while ((uint32_t)(c >> 32) == gen && (int64_t)(uint32_t)c < nchunks) {
+        if (!__atomic_compare_exchange_n(&P.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        const int64_t k = (uint32_t)c;
+        task(ctx, k, y);
+        __atomic_store_n(&chunk_state[k], seq << 2 | CHUNK_DONE, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
+        mine++;
+        c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
+    }
+    stat_add(KERNEL_POOL_CALLER_CHUNKS, mine);
+
+    /* The workers' chunks: while none finishes within the budget, take them back. */
     uint32_t d;
     while ((int64_t)(d = __atomic_load_n(&P.done, __ATOMIC_ACQUIRE)) != nchunks) {
-        if (spin_while_equal(&P.done, d, budget) != d)
+        if (spin_while_equal(&P.done, d, caller_budget_us()) != d)
             continue;
-        __atomic_store_n(&P.caller_waiting, 1, __ATOMIC_SEQ_CST);
-        if ((int64_t)(d = __atomic_load_n(&P.done, __ATOMIC_SEQ_CST)) != nchunks) {
-            stat_add(KERNEL_POOL_CALLER_SLEEPS, 1);
-            wait_on(&P.done, d);
-        }
-        __atomic_store_n(&P.caller_waiting, 0, __ATOMIC_SEQ_CST);
+        const int64_t taken = take_back(seq, nchunks, task, ctx, y);
+        stat_add(KERNEL_POOL_TAKEN_BACK, taken);
+        if (taken == 0)
+            sleep_on_done(nchunks);   /* only chunks being copied in are left */
+    }
+
+    /* A worker still inside computes a result nobody copies, from the block: keep it till it leaves. */
+    int inside = 0;
+    for (int w = 1; w < POOL_MAX_THREADS; w++)
+        inside |= __atomic_load_n(&P.in_seq[w], __ATOMIC_SEQ_CST) == seq;
+    if (inside) {
+        retire(seq, ctx);
+        last_stale = seq;
+    } else {
+        free(ctx);
     }
     pthread_mutex_unlock(&P.lock);
 }
@@ -296,4 +582,21 @@ void kernel_pool_hold_workers(int hold)
 void kernel_pool_set_spin_us(int us)
 {
     __atomic_store_n(&P.spin_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
+}
+
+void kernel_pool_stall_workers(int us)
+{
+    __atomic_store_n(&P.stall_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
+}
+
+uint64_t kernel_pool_last_stale(void)
+{
+    const uint64_t s = last_stale;
+    last_stale = 0;
+    return s;
+}
+
+int kernel_pool_released(uint64_t job)
+{
+    return released(job);
 }

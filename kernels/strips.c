@@ -90,15 +90,19 @@ static void strips_run_portable(const struct gemm_strips_args *a)
     }
 }
 
+/* One job: its block holds the activation sums (xinit) after the struct, so that a worker which lost
+ * its core can still read them after the call returned (pool.h pool_run_out). */
 struct strips_job {
     struct gemm_strips_args whole;      /* all rows, all strips */
     gemm_strips_fn run;
     int64_t panel, mrows, mchunks;
 };
 
-static void strips_chunk(void *ctx, int64_t chunk, int participant)
+/* Decode-sized products (up to this many rows) return without waiting for a stalled worker. */
+#define STRIPS_OUT_MAX_ROWS 16
+
+static void strips_chunk_into(const void *ctx, int64_t chunk, float *y)
 {
-    (void)participant;
     const struct strips_job *j = ctx;
     const int64_t strips = (j->whole.N + STRIP_ROWS - 1) / STRIP_ROWS, M = j->whole.mr;
     const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
@@ -110,20 +114,39 @@ static void strips_chunk(void *ctx, int64_t chunk, int participant)
     a.x += m0 * a.K;
     a.xd += m0 * a.nb;
     a.xinit += m0 * a.nb;
-    a.y += m0 * a.ldy;
+    a.y = y + m0 * a.ldy;
     j->run(&a);
+}
+
+static void strips_chunk(void *ctx, int64_t chunk, int participant)
+{
+    (void)participant;
+    const struct strips_job *j = ctx;
+    strips_chunk_into(ctx, chunk, j->whole.y);
+}
+
+static void strips_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
+{
+    const struct strips_job *j = ctx;
+    const int64_t N = j->whole.N, M = j->whole.mr;
+    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
+    *m0 = mc * j->mrows;
+    *m1 = *m0 + j->mrows < M ? *m0 + j->mrows : M;
+    *n0 = p * j->panel * STRIP_ROWS;
+    *n1 = (p + 1) * j->panel * STRIP_ROWS < N ? (p + 1) * j->panel * STRIP_ROWS : N;
 }
 
 static void gemm_strips(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq, const float *xd,
                         int64_t M, float *y, int nthreads, gemm_strips_fn run)
 {
     const int64_t nb = K / QK, strips = (N + STRIP_ROWS - 1) / STRIP_ROWS;
-    int32_t *xinit = malloc((size_t)(M * nb) * sizeof(int32_t));
-    if (xinit == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
+    struct strips_job *job = malloc(sizeof *job + (size_t)(M * nb) * sizeof(int32_t));
+    if (job == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
         for (int64_t i = 0; i < M * N; i++)
             y[i] = NAN;
         return;
     }
+    int32_t *xinit = (int32_t *)(job + 1);
     const int32_t offset = is_q4 ? 8 : 128;
     for (int64_t i = 0; i < M * nb; i++)
         xinit[i] = GEMM_FLOAT_MAGIC - offset * gemm_block_sum(xq + i * QK);
@@ -137,12 +160,17 @@ static void gemm_strips(int is_q4, const uint8_t *ws, int64_t N, int64_t K, cons
     int64_t panel = bytes / strip_bytes;
     panel = panel < 1 ? 1 : panel;
     const int64_t mrows = M > 2 * STRIPS_RUN_ROWS ? STRIPS_RUN_ROWS : M;
-    struct strips_job job = {
+    *job = (struct strips_job){
         .whole = {.is_q4 = is_q4, .mr = (int)M, .ws = ws, .N = N, .K = K, .nb = nb, .strip_bytes = strip_bytes,
                   .s0 = 0, .s1 = strips, .x = xq, .xd = xd, .xinit = xinit, .y = y, .ldy = N},
         .run = run, .panel = panel, .mrows = mrows, .mchunks = (M + mrows - 1) / mrows};
-    pool_run(KERNEL_GEMM, nt, ((strips + panel - 1) / panel) * job.mchunks, strips_chunk, &job);
-    free(xinit);
+    const int64_t nchunks = ((strips + panel - 1) / panel) * job->mchunks;
+    if (M <= STRIPS_OUT_MAX_ROWS) {
+        pool_run_out(KERNEL_GEMM, nt, nchunks, strips_chunk_into, strips_rect, job, y, M, N);   /* frees job */
+    } else {
+        pool_run(KERNEL_GEMM, nt, nchunks, strips_chunk, job);
+        free(job);
+    }
 }
 
 void gemm_strips_portable(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq,

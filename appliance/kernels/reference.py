@@ -335,7 +335,14 @@ def last_threads():
 
 def pool_stats():
     """No thread pool runs here: every counter reads 0."""
-    return {"jobs": 0, "caller_chunks": 0, "worker_chunks": 0, "caller_sleeps": 0, "worker_wakeups": 0}
+    return {"jobs": 0, "caller_chunks": 0, "worker_chunks": 0, "caller_sleeps": 0, "worker_wakeups": 0,
+            "taken_back": 0}
+
+
+def pool_stall_workers(us):
+    """No workers here to stall."""
+    if us < 0:
+        raise ValueError(f"stall must be >= 0 microseconds, got {us}")
 
 
 def pool_hold_workers(hold):
