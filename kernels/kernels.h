@@ -278,7 +278,8 @@ void kernel_pool_set_spin_us(int us);
  * latest such job of the calling thread (0: none; reading it clears it), kernel_pool_released(id)
  * says whether no worker is inside that job or an earlier one any more.
  * kernel_pool_stall_workers(us): a worker sleeps that long after taking each chunk of such a job,
- * as when it loses its core holding one (tests; 0: off).                                        */
+ * as when it loses its core holding one, and the caller lets a worker take the first chunk before
+ * it starts (tests; 0: off).                                                                    */
 uint64_t kernel_pool_last_stale(void);
 int kernel_pool_released(uint64_t job);
 void kernel_pool_stall_workers(int us);

@@ -67,23 +67,27 @@ def pool_hold_workers(bint hold):
 
 def pool_stall_workers(int us):
     """Make every worker sleep `us` microseconds after taking each chunk of a decode-sized GEMM, as
-    when it loses its core holding one (for tests; 0: off)."""
+    when it loses its core holding one; the caller lets a worker take the first chunk before it
+    starts (for tests; 0: off)."""
     if us < 0:
         raise ValueError(f"stall must be >= 0 microseconds, got {us}")
     kernel_pool_stall_workers(us)
 
 
 # Operands of GEMM calls that returned with a stalled worker still inside (kernels.h
-# kernel_pool_last_stale): (job, arrays), held so that the worker never reads freed memory.
-_stale_operands = []
+# kernel_pool_last_stale), by job: held so that the worker never reads freed memory. A dict, whose
+# single-key stores and pops are atomic, so that two Python threads never drop each other's.
+_stale_operands = {}
 
 
 cdef inline void _hold_if_stale(object operands):
     cdef uint64_t job = kernel_pool_last_stale()
     if job:
-        _stale_operands.append((job, operands))
+        _stale_operands[job] = operands
     if _stale_operands:
-        _stale_operands[:] = [h for h in _stale_operands if not kernel_pool_released(h[0])]
+        for held in list(_stale_operands):
+            if kernel_pool_released(held):
+                _stale_operands.pop(held, None)
 
 
 def pool_set_spin_us(int us):

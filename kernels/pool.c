@@ -466,6 +466,15 @@ static int64_t take_back(uint64_t seq, int64_t nchunks, pool_out_task task, cons
     return taken;
 }
 
+/* Tests (kernel_pool_stall_workers): let a worker take the job's first chunk, and stall on it,
+ * before the caller starts, however busy the machine (at most a second). */
+static void await_first_claim(uint32_t gen)
+{
+    const int64_t t0 = now_us();
+    while (__atomic_load_n(&P.claim, __ATOMIC_ACQUIRE) == (uint64_t)gen << 32 && now_us() - t0 < 1000000)
+        usleep(50);
+}
+
 struct out_adapter {
     pool_out_task task;
     const void *ctx;
@@ -505,6 +514,8 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
     __atomic_store_n(&P.oM, M, __ATOMIC_RELAXED);
     __atomic_store_n(&P.oldy, ldy, __ATOMIC_RELAXED);
     const uint32_t gen = publish(NULL, ctx, nchunks, team);
+    if (__atomic_load_n(&P.stall_us, __ATOMIC_RELAXED) > 0)
+        await_first_claim(gen);
 
     /* The caller's own chunks, straight into y. */
     int64_t mine = 0;

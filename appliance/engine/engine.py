@@ -246,6 +246,11 @@ class Engine(StepAPI):
         for fn in self.listeners:
             fn(stats)
 
+    def kernel_pool_stats(self) -> dict:
+        """The kernels' thread pool counters since the process started (kernels pool_stats): how
+        often a calling thread waited for, or took back, a chunk a worker held without progress."""
+        return kernels.pool_stats()
+
     def kernel_selftest(self) -> dict | None:
         """The compiled kernels against their portable twins on this CPU (~0.3 s): the report of
         `appliance selftest` ({"ok", "kernel_path", "checks", ...}); None when the numpy twin runs

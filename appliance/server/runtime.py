@@ -123,7 +123,8 @@ class Runtime:
         self.metrics.set_model(engine.model_name, self.info)
         if engine.weight_cache is not None:
             self.metrics.observe(engine.weight_cache)
-        self.metrics.bind(queue=lambda: scheduler.state)
+        self.metrics.bind(queue=lambda: scheduler.state,
+                          kernel_pool=getattr(engine, "kernel_pool_stats", None))   # test doubles may lack it
         self.engine = engine
         self.scheduler = scheduler.start()
         self.status = "ready"

@@ -43,7 +43,8 @@ def _version(dist: str) -> str:
 
 
 class _LiveCollector:
-    """Series read at scrape time: the latest scheduler state and thermal snapshot, the threads' CPU wait."""
+    """Series read at scrape time: the latest scheduler state and thermal snapshot, the threads' CPU wait,
+    the kernels' thread pool counters."""
 
     def __init__(self, owner: "Metrics"):
         self.owner = owner
@@ -56,6 +57,7 @@ class _LiveCollector:
         yield from self._prefix_cache()
         yield from self._thermal()
         yield from self._cpu_wait()
+        yield from self._kernel_pool()
 
     def _scheduler(self):
         state = self.owner.queue_state()
@@ -171,6 +173,26 @@ class _LiveCollector:
                            "run-queue wait): another process on their cores.", times.wait_s)
 
 
+    def _kernel_pool(self):
+        stats = self.owner.kernel_pool()
+        if not stats:
+            return
+        yield _counter("appliance_kernel_pool_jobs", "Kernel calls the kernels' thread pool ran on several threads.",
+                       stats["jobs"])
+        chunks = CounterMetricFamily("appliance_kernel_pool_chunks",
+                                     "Chunks of those calls, by the thread that ran them: the calling thread or a "
+                                     "pool worker.", labels=["thread"])
+        chunks.add_metric(["caller"], stats["caller_chunks"])
+        chunks.add_metric(["worker"], stats["worker_chunks"])
+        yield chunks
+        yield _counter("appliance_kernel_pool_caller_sleeps",
+                       "Times a calling thread slept for a chunk a worker held without progress (the worker's core "
+                       "taken by another thread).", stats["caller_sleeps"])
+        yield _counter("appliance_kernel_pool_chunks_taken_back",
+                       "Chunks of decode-sized GEMMs a calling thread computed itself instead of waiting for the "
+                       "worker that held them without progress.", stats["taken_back"])
+
+
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
     family = CounterMetricFamily(name, documentation)
     family.add_metric([], value)
@@ -191,6 +213,7 @@ class Metrics:
         r = self.registry = registry or CollectorRegistry()
         self.queue_state = lambda: None        # -> SchedulerState | None (bind)
         self.thermal_state = lambda: None      # -> ThermalSnapshot | None (bind)
+        self.kernel_pool = lambda: None        # -> the kernels' pool_stats() dict | None (bind)
         self.cpu_wait = CpuWait() if process_metrics else None
         if process_metrics:
             ProcessCollector(registry=r)
@@ -300,13 +323,16 @@ class Metrics:
 
     # ---- wiring --------------------------------------------------------------
 
-    def bind(self, queue=None, thermal=None) -> None:
+    def bind(self, queue=None, thermal=None, kernel_pool=None) -> None:
         """Sources read at scrape time: queue() -> the scheduler's latest SchedulerState,
-        thermal() -> the thermal watch's latest ThermalSnapshot (either may return None)."""
+        thermal() -> the thermal watch's latest ThermalSnapshot, kernel_pool() -> the kernels'
+        thread pool counters (any may return None)."""
         if queue is not None:
             self.queue_state = queue
         if thermal is not None:
             self.thermal_state = thermal
+        if kernel_pool is not None:
+            self.kernel_pool = kernel_pool
 
     def set_model(self, name: str, info: dict) -> None:
         def s(key):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -122,20 +123,25 @@ def test_spin_setting():
     reference.pool_hold_workers(True)
 
 
-def _decode_case(rng, m):
+def _decode_case(rng, m, q4=False):
     w = rng.standard_normal((8192, 1024)).astype(np.float32)
-    wq, wd = quant.quantize_q8_0(w)
+    wq, wd = quant.quantize_q4_0(w) if q4 else quant.quantize_q8_0(w)
     xq, xd = quant.quantize_rows_q8(rng.standard_normal((m, 1024)).astype(np.float32))
     return wq, wd, xq, xd
 
 
 def _stalled(fn, calls=12, stall_us=20000):
     """fn() called `calls` times while every worker sleeps after taking a chunk of a decode-sized
-    GEMM (as when it loses its core); returns the results and how many chunks the callers took back."""
+    GEMM (as when it loses its core; the caller lets one take the first chunk before it starts),
+    with a pause after each call for the stalled worker to come back; returns the results and how
+    many chunks the callers took back."""
     before = K.pool_stats()["taken_back"]
     K.pool_stall_workers(stall_us)
+    results = []
     try:
-        results = [fn() for _ in range(calls)]
+        for _ in range(calls):
+            results.append(fn())
+            time.sleep(1.5 * stall_us / 1e6)
     finally:
         K.pool_stall_workers(0)
     return results, K.pool_stats()["taken_back"] - before
@@ -143,17 +149,20 @@ def _stalled(fn, calls=12, stall_us=20000):
 
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("layout", ["rows", "strips"])
-def test_a_stalled_workers_chunks_are_computed_again_with_the_same_bits(layout, m):
+@pytest.mark.parametrize("q4", [False, True], ids=["q8", "q4"])
+def test_a_stalled_workers_chunks_are_computed_again_with_the_same_bits(layout, m, q4):
     """Decode-sized GEMMs do not wait for a worker that holds a chunk without progress: the caller
-    computes the chunk itself, and the result has the bits of one thread."""
+    computes the chunk itself, and the result has the bits of one thread (q4 on the row route also
+    reads the per-call block sums the job's block carries)."""
     if layout == "strips" and not K.strips_fast():
         pytest.skip("no strips micro-kernel on this CPU")
-    wq, wd, xq, xd = _decode_case(np.random.default_rng(10 + m), m)
+    wq, wd, xq, xd = _decode_case(np.random.default_rng(10 + m), m, q4)
     if layout == "strips":
-        ws = K.pack_strips(wq, wd, False)
-        run = lambda threads: K.gemm_strips(ws, 8192, 1024, False, xq, xd, threads=threads)  # noqa: E731
+        ws = K.pack_strips(wq, wd, q4)
+        run = lambda threads: K.gemm_strips(ws, 8192, 1024, q4, xq, xd, threads=threads)  # noqa: E731
     else:
-        run = lambda threads: K.gemm_q8(wq, wd, xq, xd, threads=threads)  # noqa: E731
+        gemm = K.gemm_q4 if q4 else K.gemm_q8
+        run = lambda threads: gemm(wq, wd, xq, xd, threads=threads)  # noqa: E731
     want = run(1)
     results, taken = _stalled(lambda: run(2))
     assert taken > 0
@@ -163,24 +172,28 @@ def test_a_stalled_workers_chunks_are_computed_again_with_the_same_bits(layout, 
 
 def test_a_stalled_worker_never_writes_after_the_call_returned():
     """The stalled worker finishes its chunk after the caller moved on: into its own copy, which it
-    must not copy into an output that now holds another call's result; and it must still find the
-    operands of its call, whose arrays the caller has dropped, alive."""
+    must not copy into an output that by then holds another call's result; and it must still find
+    the operands of its call, whose arrays the caller has dropped, alive."""
     rng = np.random.default_rng(20)
     wq, wd, _, _ = _decode_case(rng, 1)
-    inputs = [quant.quantize_rows_q8(rng.standard_normal((1, 1024)).astype(np.float32)) for _ in range(6)]
+    inputs = [quant.quantize_rows_q8(rng.standard_normal((1, 1024)).astype(np.float32)) for _ in range(4)]
     wants = [K.gemm_q8(wq, wd, xq, xd, threads=1) for xq, xd in inputs]
     out = np.empty((1, 8192), np.float32)
-
-    def calls():
-        for xq, xd in inputs:
-            K.gemm_q8(wq, wd, xq.copy(), xd.copy(), out=out, threads=2)   # the copies die at once
-        return out.copy()
-
-    results, taken = _stalled(calls, calls=4, stall_us=30000)
-    assert taken > 0
-    assert all(np.array_equal(r, wants[-1]) for r in results)
-    import time
-    time.sleep(0.2)                                   # every stalled worker has finished by now
-    assert np.array_equal(out, wants[-1])
+    before = K.pool_stats()["taken_back"]
+    for _ in range(3):
+        K.pool_stall_workers(30000)
+        try:
+            for xq, xd in inputs[:-1]:   # each call returns with a worker stalled in it
+                K.gemm_q8(wq, wd, xq.copy(), xd.copy(), out=out, threads=2)   # the copies die at once
+        finally:
+            K.pool_stall_workers(0)
+        assert np.array_equal(out, wants[-2])
+        # The last call's worker is still asleep: the next call runs without it, and the stalled
+        # chunk's result, computed when it wakes, must not land in this call's output.
+        K.gemm_q8(wq, wd, *inputs[-1], out=out, threads=2)
+        assert np.array_equal(out, wants[-1])
+        time.sleep(0.1)                                   # every stalled worker has finished by now
+        assert np.array_equal(out, wants[-1])
+    assert K.pool_stats()["taken_back"] - before >= 3 * 3
     K.gemm_q8(wq, wd, *inputs[0], threads=2)          # the next call lets the held operands go
-    assert K._stale_operands == []
+    assert not K._stale_operands

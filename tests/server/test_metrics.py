@@ -43,6 +43,8 @@ def test_named_series_present(idle_server, model_id):
         "appliance_cpu_frequency_max_hertz", "appliance_cpu_throttled", "appliance_cpu_throttled_seconds_total",
         "appliance_model_info", "appliance_build_info", "appliance_selftest_ok",
         "appliance_cpu_run_seconds_total", "appliance_cpu_wait_seconds_total",
+        "appliance_kernel_pool_jobs_total", "appliance_kernel_pool_chunks_total",
+        "appliance_kernel_pool_caller_sleeps_total", "appliance_kernel_pool_chunks_taken_back_total",
     ]:
         assert name in names, name
     les = sorted(float(dict(lbl)["le"]) for name, lbl in m if name == "appliance_decode_token_seconds_bucket")
@@ -56,6 +58,30 @@ def test_named_series_present(idle_server, model_id):
     assert m[("appliance_selftest_ok", ())] == 1          # the start-up selftest of this build passed
     # the server's threads ran the requests above (the kernel's schedstat of its process)
     assert m[("appliance_cpu_run_seconds_total", ())] > 0.1 and m[("appliance_cpu_wait_seconds_total", ())] >= 0
+    # the kernels' pool counters (the tiny model's products are too small to run on two threads)
+    assert m[("appliance_kernel_pool_chunks_total", (("thread", "caller"),))] >= 0
+
+
+def test_kernel_pool_counters_are_read_at_scrape_time():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from appliance.telemetry.metrics import Metrics
+
+    metrics = Metrics(process_metrics=False)
+    text = metrics.render()[0].decode()
+    assert "appliance_kernel_pool" not in text            # nothing bound: no series rather than zeros
+    stats = {"jobs": 7, "caller_chunks": 40, "worker_chunks": 30, "caller_sleeps": 2, "worker_wakeups": 5,
+             "taken_back": 3}
+    metrics.bind(kernel_pool=lambda: stats)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render()[0].decode()) for s in family.samples}
+    assert samples[("appliance_kernel_pool_jobs_total", ())] == 7
+    assert samples[("appliance_kernel_pool_chunks_total", (("thread", "caller"),))] == 40
+    assert samples[("appliance_kernel_pool_chunks_total", (("thread", "worker"),))] == 30
+    assert samples[("appliance_kernel_pool_caller_sleeps_total", ())] == 2
+    assert samples[("appliance_kernel_pool_chunks_taken_back_total", ())] == 3
+    stats["taken_back"] = 4                                # read again at the next scrape
+    assert "appliance_kernel_pool_chunks_taken_back_total 4.0" in metrics.render()[0].decode()
 
 
 def _selftest_gauge(metrics) -> float:
