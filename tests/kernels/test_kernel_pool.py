@@ -123,8 +123,8 @@ def test_spin_setting():
     reference.pool_hold_workers(True)
 
 
-def _decode_case(rng, m, q4=False):
-    w = rng.standard_normal((8192, 1024)).astype(np.float32)
+def _decode_case(rng, m, q4=False, n=8192):
+    w = rng.standard_normal((n, 1024)).astype(np.float32)
     wq, wd = quant.quantize_q4_0(w) if q4 else quant.quantize_q8_0(w)
     xq, xd = quant.quantize_rows_q8(rng.standard_normal((m, 1024)).astype(np.float32))
     return wq, wd, xq, xd
@@ -156,10 +156,11 @@ def test_a_stalled_workers_chunks_are_computed_again_with_the_same_bits(layout, 
     reads the per-call block sums the job's block carries)."""
     if layout == "strips" and not K.strips_fast():
         pytest.skip("no strips micro-kernel on this CPU")
-    wq, wd, xq, xd = _decode_case(np.random.default_rng(10 + m), m, q4)
+    n = 8192 - 3 * m      # the last chunk's rectangle ends inside a strip (1 row) or a tile (3 rows)
+    wq, wd, xq, xd = _decode_case(np.random.default_rng(10 + m), m, q4, n)
     if layout == "strips":
         ws = K.pack_strips(wq, wd, q4)
-        run = lambda threads: K.gemm_strips(ws, 8192, 1024, q4, xq, xd, threads=threads)  # noqa: E731
+        run = lambda threads: K.gemm_strips(ws, n, 1024, q4, xq, xd, threads=threads)  # noqa: E731
     else:
         gemm = K.gemm_q4 if q4 else K.gemm_q8
         run = lambda threads: gemm(wq, wd, xq, xd, threads=threads)  # noqa: E731
