@@ -242,13 +242,17 @@ def wait_for_quiet(args) -> None:
 
 def start_hog(args, join=None) -> subprocess.Popen | None:
     """What --hog-cpu / --hog-cmd ask to run beside a measurement: a busy loop pinned to a CPU (a
-    neighbour that never sleeps), or a shell command (a rollout's build) in its own process group;
-    join: a preexec_fn putting it in its CPU group (--cpu-weights)."""
+    neighbour that never sleeps), or a shell command (a rollout's build) in its own process group,
+    and in its own session unless --hog-session same; join: a preexec_fn putting it in its CPU
+    group (--cpu-weights)."""
+    # A session of its own is an autogroup of its own: the kernel then shares the CPU between the
+    # sessions before it shares it between threads.
+    group = {"start_new_session": True} if args.hog_session == "own" else {"process_group": 0}
     if args.hog_cpu is not None:
         code = f"import os\nos.sched_setaffinity(0, {{{args.hog_cpu}}})\nwhile True:\n    pass\n"
-        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, preexec_fn=join)
+        return subprocess.Popen([sys.executable, "-c", code], preexec_fn=join, **group)
     if args.hog_cmd:
-        return subprocess.Popen(["bash", "-c", args.hog_cmd], start_new_session=True, preexec_fn=join,
+        return subprocess.Popen(["bash", "-c", args.hog_cmd], preexec_fn=join, **group,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return None
 
@@ -340,6 +344,11 @@ def parse_args(argv=None):
                          "session of its own as a rollout's build over ssh is, e.g. a kernel build in a "
                          "loop; to run it as the Ansible role does: 'echo 19 > /proc/self/autogroup; "
                          "while :; do nice -n 19 make ...; done'")
+    ap.add_argument("--hog-session", choices=("own", "same"), default="own",
+                    help="the neighbour's session: its own (default; the kernel's autogroups then give each "
+                         "session an equal share first, as a build over ssh gets beside the service), or the "
+                         "benchmark's (one scheduling group: threads share the CPU one against the other, "
+                         "as the server's own threads or a process of the same service do)")
     ap.add_argument("--cpu-weights", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     metavar="ENGINE,NEIGHBOUR",
                     help="run each engine and the --hog-cpu/--hog-cmd neighbour in sibling cpu cgroups "
@@ -477,7 +486,8 @@ def main(argv=None) -> int:
     meta = {"threads": args.threads, "gen": args.gen, "prefill": args.prefill, "contexts": args.contexts,
             "cpus": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "hog_cpu": args.hog_cpu, "hog_cmd": args.hog_cmd, "cpu_weights": args.cpu_weights}
+            "hog_cpu": args.hog_cpu, "hog_cmd": args.hog_cmd, "hog_session": args.hog_session,
+            "cpu_weights": args.cpu_weights}
     try:
         model_name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                           if line.startswith("model name"))
@@ -487,6 +497,7 @@ def main(argv=None) -> int:
     text, tables = report(ours, llamas, args.contexts, meta, ours_sparse)
     if args.hog_cpu is not None or args.hog_cmd:
         beside = f"a busy loop pinned to CPU {args.hog_cpu}" if args.hog_cpu is not None else repr(args.hog_cmd)
+        beside += " in its own session" if args.hog_session == "own" else " in the benchmark's session"
         if args.cpu_weights:
             beside += (f", the engine in a cpu cgroup of weight {args.cpu_weights[0]} and its neighbour in "
                        f"one of weight {args.cpu_weights[1]}")
