@@ -172,7 +172,6 @@ class _LiveCollector:
                            "Time the appliance's threads were ready to run but waited for a CPU (the kernel's "
                            "run-queue wait): another process on their cores.", times.wait_s)
 
-
     def _kernel_pool(self):
         stats = self.owner.kernel_pool()
         if not stats:
