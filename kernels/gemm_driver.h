@@ -71,6 +71,13 @@ static void gemm_tile_dispatch(int is_q4, int mr, const uint8_t *const wrow[NR],
 #undef TILE
 }
 
+/* xsum8[i] = 8 * the sum of activation block i, for the n blocks of xq. */
+static void gemm_fill_xsum8(const int8_t *xq, int64_t n, int32_t *xsum8)
+{
+    for (int64_t i = 0; i < n; i++)
+        xsum8[i] = 8 * gemm_block_sum(xq + i * QK);
+}
+
 /* xsum8 int32[M, nb] for a Q4 tile that wants it; NULL otherwise, or out of memory (*failed). */
 static int32_t *gemm_xsum8(int is_q4, const int8_t *xq, int64_t M, int64_t nb, int *failed)
 {
@@ -82,8 +89,7 @@ static int32_t *gemm_xsum8(int is_q4, const int8_t *xq, int64_t M, int64_t nb, i
         *failed = 1;
         return NULL;
     }
-    for (int64_t i = 0; i < M * nb; i++)
-        xsum8[i] = 8 * gemm_block_sum(xq + i * QK);
+    gemm_fill_xsum8(xq, M * nb, xsum8);
     return xsum8;
 }
 
@@ -160,11 +166,7 @@ static void gemm_chunk(void *ctx, int64_t chunk, int participant)
 static void gemm_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
 {
     const struct gemm_job *j = ctx;
-    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
-    *m0 = mc * j->mrows;
-    *m1 = *m0 + j->mrows < j->M ? *m0 + j->mrows : j->M;
-    *n0 = p * j->panel * NR;
-    *n1 = (p + 1) * j->panel * NR < j->N ? (p + 1) * j->panel * NR : j->N;
+    pool_panel_rect(chunk, j->mchunks, j->mrows, j->M, j->panel * NR, j->N, m0, m1, n0, n1);
 }
 
 /* Decode-sized products on the row route (up to this many rows) run as pool_run_out jobs: they
@@ -182,8 +184,7 @@ static int gemm_run_out(struct gemm_job *job, int nt, int64_t nchunks)
     *blk = *job;
     if (sums > 0) {
         int32_t *xsum8 = (int32_t *)(blk + 1);
-        for (int64_t i = 0; i < sums; i++)
-            xsum8[i] = 8 * gemm_block_sum(job->xq + i * QK);
+        gemm_fill_xsum8(job->xq, sums, xsum8);
         blk->xsum8 = xsum8;
     }
     pool_run_out(KERNEL_GEMM, nt, nchunks, gemm_chunk_into, gemm_rect, blk, job->y, job->M, job->N);

@@ -119,20 +119,6 @@ static void wake(uint32_t *addr, int n)
 #endif
 }
 
-/* True where this thread shares its core with the running job's caller, or cannot tell. Only then
- * does a spinning worker yield: yielding to another process's thread gives that thread the core
- * until the scheduler's next tick (milliseconds, the "busy loop" measurements in
- * docs/performance.md), while our caller is the one thread whose progress we wait for. */
-static inline int on_callers_cpu(void)
-{
-#if defined(__linux__)
-    const int cpu = __atomic_load_n(&P.caller_cpu, __ATOMIC_RELAXED);
-    return cpu < 0 || sched_getcpu() == cpu;
-#else
-    return 1;
-#endif
-}
-
 static inline int current_cpu(void)
 {
 #if defined(__linux__)
@@ -140,6 +126,16 @@ static inline int current_cpu(void)
 #else
     return -1;
 #endif
+}
+
+/* True where this thread shares its core with the running job's caller, or cannot tell. Only then
+ * does a spinning worker yield: yielding to another process's thread gives that thread the core
+ * until the scheduler's next tick (milliseconds, the "busy loop" measurements in
+ * docs/performance.md), while our caller is the one thread whose progress we wait for. */
+static inline int on_callers_cpu(void)
+{
+    const int cpu = __atomic_load_n(&P.caller_cpu, __ATOMIC_RELAXED);
+    return cpu < 0 || current_cpu() == cpu;
 }
 
 /* Spin until *addr != value or the spin budget is spent; returns the last value seen. */
@@ -499,9 +495,8 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
     }
     team = take_pool(family, team, nchunks);
     if (team == 0) {
-        kernels_note_team(family, 1);
-        for (int64_t c = 0; c < nchunks; c++)
-            task(ctx, c, y);
+        struct out_adapter a = {task, ctx, y};
+        run_inline(family, nchunks, out_adapter_chunk, &a);
         free(ctx);
         return;
     }

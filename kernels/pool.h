@@ -51,6 +51,17 @@ void pool_run(int family, int team, int64_t nchunks, pool_task task, void *ctx);
  * a y larger than POOL_OUT_MAX_FLOATS. */
 typedef void (*pool_out_task)(const void *ctx, int64_t chunk, float *y);
 typedef void (*pool_out_rect)(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1);
+/* The rectangle of a GEMM's chunk numbered panel-major: panel chunk / mchunks of `cols` output
+ * columns (the last one cut at N), run of rows chunk % mchunks of `mrows` rows (the last cut at M). */
+static inline void pool_panel_rect(int64_t chunk, int64_t mchunks, int64_t mrows, int64_t M, int64_t cols, int64_t N,
+                                   int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
+{
+    const int64_t p = chunk / mchunks, mc = chunk % mchunks;
+    *m0 = mc * mrows;
+    *m1 = *m0 + mrows < M ? *m0 + mrows : M;
+    *n0 = p * cols;
+    *n1 = *n0 + cols < N ? *n0 + cols : N;
+}
 #define POOL_OUT_MAX_CHUNKS 4096
 #define POOL_OUT_MAX_FLOATS (4 * 1024 * 1024)
 void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, pool_out_rect rect, void *ctx,

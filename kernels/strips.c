@@ -128,12 +128,7 @@ static void strips_chunk(void *ctx, int64_t chunk, int participant)
 static void strips_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
 {
     const struct strips_job *j = ctx;
-    const int64_t N = j->whole.N, M = j->whole.mr;
-    const int64_t p = chunk / j->mchunks, mc = chunk % j->mchunks;
-    *m0 = mc * j->mrows;
-    *m1 = *m0 + j->mrows < M ? *m0 + j->mrows : M;
-    *n0 = p * j->panel * STRIP_ROWS;
-    *n1 = (p + 1) * j->panel * STRIP_ROWS < N ? (p + 1) * j->panel * STRIP_ROWS : N;
+    pool_panel_rect(chunk, j->mchunks, j->mrows, j->whole.mr, j->panel * STRIP_ROWS, j->whole.N, m0, m1, n0, n1);
 }
 
 static void gemm_strips(int is_q4, const uint8_t *ws, int64_t N, int64_t K, const int8_t *xq, const float *xd,
