@@ -150,6 +150,7 @@ cdef object _attention(int kind, object q, object k, object ks, object v, object
         else:
             attention_f32_portable(qp, T, n_kv, group, hd, <const float *>kp, <const float *>vp,
                                    bs, tp, bp, cp, nsel, stride, qpp, scale, op, nt)
+    _hold_if_stale((k, ks, v, vs))   # a decode call's late worker reads the cache (attention_decode.h)
     return out
 
 
@@ -254,6 +255,7 @@ def attention_batch(str kind, q, k, ks, v, vs, seq_rows, seq_lists, table, block
         else:
             attention_batch_portable(c_kind, qp, c_nseq, rp, lp, c_nkv, c_group, c_hd, kp, ksp, vp, vsp, c_bs,
                                      tp, bp, cp, qpp, scale, op, nt)
+    _hold_if_stale((k, ks, v, vs))
     return out
 
 

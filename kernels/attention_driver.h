@@ -133,6 +133,7 @@ struct attn_job {
     const float *q;
     int64_t n_kv, group, hd, bs, ld, R, nsel_max;
     int64_t hper;                 /* kv heads per unit (a range of them) */
+    int64_t unit_floats;          /* decode route: floats of a unit's slice of the parts buffer */
     const void *k, *v;
     const float *ks, *vs;
     const int32_t *table, *blockpos, *count, *qpos;
@@ -150,15 +151,15 @@ struct attn_job {
 };
 
 /* Merge the parts of one (tile, head) pair into its output rows, in part order (the same on
- * every run): running max, rescaled sums and accumulators, as one scan would have combined them. */
-static void ATTN_NAME(merge_parts)(const float *parts, int64_t nsplits, int64_t rows, int64_t R, int64_t hd,
-                                   float *const orow[])
+ * every run): running max, rescaled sums and accumulators, as one scan would have combined them.
+ * Part p starts at parts + p * part_stride: acc float[R, hd], then mx float[R], then sum float[R]. */
+static void ATTN_NAME(merge_parts)(const float *parts, int64_t part_stride, int64_t nsplits, int64_t rows,
+                                   int64_t R, int64_t hd, float *const orow[])
 {
-    const int64_t stride = R * (hd + 2);
     for (int64_t r = 0; r < rows; r++) {
         float m = -INFINITY;
         for (int64_t p = 0; p < nsplits; p++) {
-            const float pm = parts[p * stride + R * hd + r];
+            const float pm = parts[p * part_stride + R * hd + r];
             m = pm > m ? pm : m;
         }
         float *o = orow[r];
@@ -167,7 +168,7 @@ static void ATTN_NAME(merge_parts)(const float *parts, int64_t nsplits, int64_t 
             continue;                 /* saw no row: zeros */
         float l = 0.0f;
         for (int64_t p = 0; p < nsplits; p++) {
-            const float *part = parts + p * stride;
+            const float *part = parts + p * part_stride;
             const float pm = part[R * hd + r];
             if (pm == -INFINITY)
                 continue;
@@ -189,10 +190,15 @@ static inline int64_t slab_row0(const struct attn_job *j, const struct attn_seq 
     return ((int64_t)j->table[sq->list0 + h * sq->stride + i] * j->n_kv + h) * j->bs;
 }
 
-static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
+/* Where a unit lies: its sequence, kv heads h0 .. h0+nh-1, query tile (queries t0 .. t0+qt-1, rows
+ * r: query t0 + r / group, head h*group + r % group) and part (listed blocks i0 .. i1-1). */
+struct attn_unit_at {
+    const struct attn_seq *sq;
+    int64_t h0, nh, tile, part, t0, qt, rows, i0, i1;
+};
+
+static inline void attn_locate(const struct attn_job *j, int64_t unit, struct attn_unit_at *u)
 {
-    struct attn_job *j = ctx;
-    const int64_t unit = j->wave0 + chunk;
     int64_t lo = 0, hi = j->nseq - 1;   /* the sequence holding the unit */
     while (lo < hi) {
         const int64_t mid = (lo + hi + 1) / 2;
@@ -201,39 +207,42 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
         else
             hi = mid - 1;
     }
-    const struct attn_seq *sq = &j->seqs[lo];
-    const int64_t kind = j->kind, n_kv = j->n_kv, group = j->group, hd = j->hd, bs = j->bs, ld = j->ld;
-    const int64_t Hq = n_kv * group, nb = hd / QK, R = j->R;
+    const struct attn_seq *sq = u->sq = &j->seqs[lo];
     const int64_t local = unit - sq->unit0;
     const int64_t hg = local / (sq->ntiles * sq->nsplits);
-    const int64_t tile = local / sq->nsplits % sq->ntiles, part = local % sq->nsplits;
+    u->tile = local / sq->nsplits % sq->ntiles;
+    u->part = local % sq->nsplits;
     /* kv heads h0 .. h1-1, walked block by block: the slabs of one listed block lie side by side
      * (head-major inside a block), so with a shared list K and V are read in memory order. */
-    const int64_t h0 = hg * j->hper, h1 = h0 + j->hper < n_kv ? h0 + j->hper : n_kv, nh = h1 - h0;
+    u->h0 = hg * j->hper;
+    u->nh = (u->h0 + j->hper < j->n_kv ? u->h0 + j->hper : j->n_kv) - u->h0;
     /* Latest queries, which see the most rows, first: the pool's counter then ends on short units. */
-    const int64_t t1 = sq->T - tile * sq->qtile;
-    const int64_t t0 = t1 - sq->qtile > 0 ? t1 - sq->qtile : 0;
-    const int64_t qt = t1 - t0;
-    const int64_t rows = qt * group;   /* row r: query t0 + r / group, head h*group + r % group */
-    const int64_t i0 = part * ATTN_SPLIT_BLOCKS;
-    const int64_t i1 = i0 + ATTN_SPLIT_BLOCKS < sq->nsel ? i0 + ATTN_SPLIT_BLOCKS : sq->nsel;
-    const int32_t *qpos = j->qpos + sq->row0;
-#define OUT_ROW(h, r) (j->out + ((sq->row0 + t0 + (r) / group) * Hq + (h) * group + (r) % group) * hd)
+    const int64_t t1 = sq->T - u->tile * sq->qtile;
+    u->t0 = t1 - sq->qtile > 0 ? t1 - sq->qtile : 0;
+    u->qt = t1 - u->t0;
+    u->rows = u->qt * j->group;
+    u->i0 = u->part * ATTN_SPLIT_BLOCKS;
+    u->i1 = u->i0 + ATTN_SPLIT_BLOCKS < sq->nsel ? u->i0 + ATTN_SPLIT_BLOCKS : sq->nsel;
+}
 
-    if (j->base[participant] == NULL)
-        j->base[participant] = ATTN_NAME(attention_scratch)(&j->buf[participant], R, j->hper, hd, ld, bs,
-                                                            j->nsel_max, j->keep);
-    const struct attn_buffers *b = &j->buf[participant];
-    if (j->base[participant] == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
-        for (int64_t h = h0; h < h1; h++)
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t d = 0; d < hd; d++)
-                    OUT_ROW(h, r)[d] = NAN;
-        if (j->contrib != NULL)
-            for (int64_t i = 0; i < sq->nsel * bs; i++)
-                j->contrib[chunk * sq->nsel * bs + i] = NAN;
-        return;
-    }
+/* Output row r of kv head h for a unit at query t0. */
+static inline float *attn_out_row(const struct attn_job *j, const struct attn_seq *sq, int64_t t0, int64_t h,
+                                  int64_t r)
+{
+    return j->out + ((sq->row0 + t0 + r / j->group) * j->n_kv * j->group + h * j->group + r % j->group) * j->hd;
+}
+
+/* Scan a unit's part of the list for its heads and query rows: per head hh, b's acc, mx and sum
+ * (rows hh * R ...) end as the online softmax left them; keeping importance (j->contrib), also
+ * wkeep and shift. Beats the pool once a listed block (pool_beat): a unit runs for milliseconds. */
+static void ATTN_NAME(unit_scan)(const struct attn_job *j, const struct attn_unit_at *u,
+                                 const struct attn_buffers *b)
+{
+    const struct attn_seq *sq = u->sq;
+    const int64_t kind = j->kind, n_kv = j->n_kv, group = j->group, hd = j->hd, bs = j->bs, ld = j->ld;
+    const int64_t Hq = n_kv * group, nb = hd / QK, R = j->R;
+    const int64_t h0 = u->h0, nh = u->nh, t0 = u->t0, qt = u->qt, rows = u->rows;
+    const int32_t *qpos = j->qpos + sq->row0;
     float *const s = b->s, *const wkeep = b->wkeep, *const shift = b->shift;
     int8_t *const work = b->work;
     const int64_t per_unit = sq->nsel * bs;
@@ -256,7 +265,8 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
         for (int64_t r = 0; r < rows * sq->nsel; r++)
             shift[r] = -INFINITY;   /* block never scored for this row: weight 0 */
 
-    for (int64_t i = i0; i < i1; i++) {
+    for (int64_t i = u->i0; i < u->i1; i++) {
+        pool_beat();
         for (int64_t hh = 0; hh < nh; hh++) {
             const int64_t h = h0 + hh;
             const int64_t idx = sq->list0 + h * sq->stride + i;
@@ -280,7 +290,7 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
             /* K of the next slab in this unit's order (the next head's, or the first head's of
              * the next block) now, its V after this slab's scores. (Prefetching 2, 4 or 8 blocks
              * ahead, or into L2 only, measured the same at 4K context, cold.) */
-            const int64_t next0 = hh + 1 < nh ? slab_row0(j, sq, h + 1, i) : i + 1 < i1 ? slab_row0(j, sq, h0, i + 1) : -1;
+            const int64_t next0 = hh + 1 < nh ? slab_row0(j, sq, h + 1, i) : i + 1 < u->i1 ? slab_row0(j, sq, h0, i + 1) : -1;
             if (next0 >= 0)
                 prefetch_rows(kind, j->k, j->ks, next0, bs, hd);
 
@@ -325,13 +335,40 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
                 attn_accum_f32((const float *)j->v + row0 * hd, n, rows, hd, s, ld, acc);
         }
     }
+}
 
-    for (int64_t hh = 0; hh < nh; hh++) {
-        const int64_t h = h0 + hh;
+/* A unit of a call that waits for every unit (pool_run): prefill, and keeping importance. */
+static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
+{
+    struct attn_job *j = ctx;
+    struct attn_unit_at u;
+    attn_locate(j, j->wave0 + chunk, &u);
+    const struct attn_seq *sq = u.sq;
+    const int64_t hd = j->hd, bs = j->bs, R = j->R, rows = u.rows;
+
+    if (j->base[participant] == NULL)
+        j->base[participant] = ATTN_NAME(attention_scratch)(&j->buf[participant], R, j->hper, hd, j->ld, bs,
+                                                            j->nsel_max, j->keep);
+    const struct attn_buffers *b = &j->buf[participant];
+    if (j->base[participant] == NULL) {   /* out of memory: fail loudly in the numbers, not in a crash */
+        for (int64_t h = u.h0; h < u.h0 + u.nh; h++)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t d = 0; d < hd; d++)
+                    attn_out_row(j, sq, u.t0, h, r)[d] = NAN;
+        if (j->contrib != NULL)
+            for (int64_t i = 0; i < sq->nsel * bs; i++)
+                j->contrib[chunk * sq->nsel * bs + i] = NAN;
+        return;
+    }
+    ATTN_NAME(unit_scan)(j, &u, b);
+
+    const int64_t per_unit = sq->nsel * bs;
+    for (int64_t hh = 0; hh < u.nh; hh++) {
+        const int64_t h = u.h0 + hh;
         const float *const acc = b->acc + hh * R * hd, *const mx = b->mx + hh * R, *const sum = b->sum + hh * R;
         float *orow[ATTN_QTILE * ATTN_MAX_GROUP];
         for (int64_t r = 0; r < rows; r++)
-            orow[r] = OUT_ROW(h, r);
+            orow[r] = attn_out_row(j, sq, u.t0, h, r);
         if (sq->nsplits == 1) {
             /* A query that sees no row gets zeros, not 0/0. */
             for (int64_t r = 0; r < rows; r++) {
@@ -340,22 +377,24 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
                     orow[r][d] = acc[r * hd + d] * inv;
             }
             if (j->contrib != NULL)   /* keeping importance: one head a unit */
-                ATTN_NAME(importance_unit)(wkeep, shift, mx, sum, rows, sq->nsel, bs, sq->list0 + h * sq->stride,
-                                           j->blockpos, j->count, qpos + t0, group, per_unit,
+                ATTN_NAME(importance_unit)(b->wkeep, b->shift, mx, sum, rows, sq->nsel, bs, sq->list0 + h * sq->stride,
+                                           j->blockpos, j->count, j->qpos + sq->row0 + u.t0, j->group, per_unit,
                                            j->contrib + chunk * per_unit);
             continue;
         }
         /* One part of several: keep it; the thread that scans the pair's last part merges them all. */
-        const int64_t pair = sq->group0 + h * sq->ntiles + tile;
-        float *mine = j->parts + sq->part0 + ((h * sq->ntiles + tile) * sq->nsplits + part) * R * (hd + 2);
+        const int64_t pair = sq->group0 + h * sq->ntiles + u.tile;
+        const int64_t part_floats = R * (hd + 2);
+        float *mine = j->parts + sq->part0 + ((h * sq->ntiles + u.tile) * sq->nsplits + u.part) * part_floats;
         memcpy(mine, acc, (size_t)(rows * hd) * sizeof(float));
         memcpy(mine + R * hd, mx, (size_t)rows * sizeof(float));
         memcpy(mine + R * hd + R, sum, (size_t)rows * sizeof(float));
         if (__atomic_sub_fetch(&j->parts_left[pair], 1, __ATOMIC_ACQ_REL) == 0)
-            ATTN_NAME(merge_parts)(mine - part * R * (hd + 2), sq->nsplits, rows, R, hd, orow);
+            ATTN_NAME(merge_parts)(mine - u.part * part_floats, part_floats, sq->nsplits, rows, R, hd, orow);
     }
-#undef OUT_ROW
 }
+
+#include "attention_decode.h"
 
 /* The driver for several sequences at once (attention_batch) and for one (the others). */
 static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
@@ -434,6 +473,17 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
             memset(out + seqs[si].row0 * n_kv * group * hd, 0, (size_t)(seqs[si].T * n_kv * group * hd) * sizeof(float));
     }
 
+    if (!keep && Tmax <= ATTN_QTILE) {   /* every sequence in one tile: a decode step */
+        const struct attn_job cut = {.kind = kind, .q = q, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
+                                     .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k,
+                                     .v = v, .ks = ks, .vs = vs, .table = table, .blockpos = blockpos,
+                                     .count = count, .qpos = qpos, .scale = scale, .out = out, .seqs = seqs,
+                                     .nseq = nseq, .hper = hper};
+        ATTN_NAME(attention_decode)(&cut, nunits, nt, seq_rows[nseq]);
+        if (seqs != &one)
+            free(seqs);
+        return;
+    }
     struct attn_job *j = calloc(1, sizeof *j);
     float *parts = nparts_floats ? malloc((size_t)nparts_floats * sizeof(float)) : NULL;
     uint32_t *parts_left = nparts_floats ? malloc((size_t)npairs * sizeof(uint32_t)) : NULL;

@@ -271,15 +271,17 @@ int kernel_default_threads(void);
 void kernel_pool_stats(int64_t *out);
 void kernel_pool_hold_workers(int hold);
 void kernel_pool_set_spin_us(int us);
-/* The GEMMs of decode-sized products (pool.h pool_run_out) return without waiting for a worker
- * that lost its core: the caller computes that worker's chunk again (KERNEL_POOL_TAKEN_BACK counts
- * them), and the worker, when it runs again, finishes a result nobody copies. The operands it reads
- * (weights, activations) must stay alive until then: kernel_pool_last_stale() is the id of the
+/* The GEMMs of decode-sized products and decode attention (pool.h pool_run_out) return without
+ * waiting for a worker that lost its core: the caller computes that worker's chunk again
+ * (KERNEL_POOL_TAKEN_BACK counts them), and the worker, when it runs again, finishes a result nobody
+ * copies. The operands it reads (weights, activations, the KV cache's arrays) must stay alive
+ * until then: kernel_pool_last_stale() is the id of the
  * latest such job of the calling thread (0: none; reading it clears it), kernel_pool_released(id)
  * says whether no worker is inside that job or an earlier one any more.
  * kernel_pool_stall_workers(us): a worker sleeps that long after taking each chunk of such a job,
- * as when it loses its core holding one, and the caller lets a worker take the first chunk before
- * it starts (tests; 0: off).                                                                    */
+ * as when it loses its core holding one, alternately before it reads the chunk's state and after
+ * (then it computes the chunk late); the caller lets a worker take the first chunk before it
+ * starts (tests; 0: off).                                                                       */
 uint64_t kernel_pool_last_stale(void);
 int kernel_pool_released(uint64_t job);
 void kernel_pool_stall_workers(int us);

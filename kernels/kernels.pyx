@@ -74,7 +74,7 @@ def pool_stall_workers(int us):
     kernel_pool_stall_workers(us)
 
 
-# Operands of GEMM calls that returned with a stalled worker still inside (kernels.h
+# Operands of GEMM and decode attention calls that returned with a stalled worker still inside (kernels.h
 # kernel_pool_last_stale), by job: held so that the worker never reads freed memory. A dict, whose
 # single-key stores and pops are atomic, so that two Python threads never drop each other's.
 _stale_operands = {}

@@ -53,6 +53,7 @@ static struct {
     uint64_t claim;              /* generation << 32 | next chunk index */
     uint32_t gen;                /* futex: the latest job's generation */
     uint32_t done;               /* futex: chunks of the running job that finished */
+    uint32_t beat;               /* progress inside long chunks (pool_beat) */
     int caller_waiting;
     int sleepers;                /* workers asleep on gen */
     int hold;
@@ -185,6 +186,7 @@ static int64_t run_chunks(uint32_t gen, int participant)
 struct scratch {
     float *y;
     size_t floats;
+    unsigned stalls;   /* test stalls taken (kernel_pool_stall_workers) */
 };
 
 static float *scratch_for(struct scratch *sc, int64_t floats)
@@ -225,10 +227,16 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
         if (!__atomic_compare_exchange_n(&P.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;
         const int64_t k = (uint32_t)c;
+        /* The test stall, alternately before the chunk's state is read (the worker then finds the
+         * chunk taken back) and after (it computes the chunk late, from its call's operands, and
+         * fails to copy it in). */
         const int stall = __atomic_load_n(&P.stall_us, __ATOMIC_RELAXED);
-        if (stall > 0)
+        const int inside = stall > 0 && (++sc->stalls & 1);
+        if (stall > 0 && !inside)
             usleep((useconds_t)stall);
         uint64_t st = __atomic_load_n(&chunk_state[k], __ATOMIC_ACQUIRE);
+        if (inside)
+            usleep((useconds_t)stall);
         float *copy;
         /* A stamp older than this job: nobody has touched the chunk in it yet (a stalled worker may
          * read the state after the caller took the chunk back, or after later jobs stamped it).
@@ -258,7 +266,7 @@ static void *worker_main(void *arg)
 {
     const int id = (int)(intptr_t)arg;
     uint32_t seen = __atomic_load_n(&P.start_gen[id], __ATOMIC_ACQUIRE);
-    struct scratch sc = {NULL, 0};
+    struct scratch sc = {NULL, 0, 0};
     for (;;) {
         uint32_t g = spin_while_equal(&P.gen, seen, __atomic_load_n(&P.spin_us, __ATOMIC_RELAXED));
         if (g == seen) {
@@ -527,11 +535,17 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
     }
     stat_add(KERNEL_POOL_CALLER_CHUNKS, mine);
 
-    /* The workers' chunks: while none finishes within the budget, take them back. */
-    uint32_t d;
+    /* The workers' chunks: while none finishes, nor beats, within the budget, take them back. */
+    uint32_t d, beat = __atomic_load_n(&P.beat, __ATOMIC_RELAXED);
     while ((int64_t)(d = __atomic_load_n(&P.done, __ATOMIC_ACQUIRE)) != nchunks) {
         if (spin_while_equal(&P.done, d, caller_budget_us()) != d)
             continue;
+        const uint32_t b = __atomic_load_n(&P.beat, __ATOMIC_RELAXED);
+        if (b != beat) {   /* a worker is running inside a long chunk */
+            beat = b;
+            cpu_relax();
+            continue;
+        }
         const int64_t taken = take_back(seq, nchunks, task, ctx, y);
         stat_add(KERNEL_POOL_TAKEN_BACK, taken);
         if (taken == 0)
@@ -549,6 +563,11 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
         free(ctx);
     }
     pthread_mutex_unlock(&P.lock);
+}
+
+void pool_beat(void)
+{
+    __atomic_fetch_add(&P.beat, 1, __ATOMIC_RELAXED);
 }
 
 /* ---- the public face (kernels.h) ---------------------------------------------------------- */

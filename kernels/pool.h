@@ -62,6 +62,10 @@ static inline void pool_panel_rect(int64_t chunk, int64_t mchunks, int64_t mrows
     *n0 = p * cols;
     *n1 = *n0 + cols < N ? *n0 + cols : N;
 }
+/* Called by a pool_run_out task inside a long chunk (an attention unit scans for milliseconds): a
+ * sign of progress, so that the caller does not take back chunks from a worker that is running. A
+ * caller takes chunks back only once neither a chunk has finished nor a beat come for the budget. */
+void pool_beat(void);
 #define POOL_OUT_MAX_CHUNKS 4096
 #define POOL_OUT_MAX_FLOATS (4 * 1024 * 1024)
 void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, pool_out_rect rect, void *ctx,
