@@ -282,6 +282,11 @@ void kernel_pool_set_spin_us(int us);
  * as when it loses its core holding one, alternately before it reads the chunk's state and after
  * (then it computes the chunk late); the caller lets a worker take the first chunk before it
  * starts (tests; 0: off).                                                                       */
+/* kernel_pool_late_workers(us): a worker waits that long after it sees each new job before it looks
+ * for chunks, and a caller waits twice that long between writing a job's descriptor and opening
+ * its chunks, the window in which a worker still holding the last job's number meets the new count
+ * (tests; 0: off). */
+void kernel_pool_late_workers(int us);
 uint64_t kernel_pool_last_stale(void);
 int kernel_pool_released(uint64_t job);
 void kernel_pool_stall_workers(int us);

@@ -159,6 +159,7 @@ cdef extern from "kernels.h" nogil:
     uint64_t kernel_pool_last_stale()
     int kernel_pool_released(uint64_t job)
     void kernel_pool_stall_workers(int us)
+    void kernel_pool_late_workers(int us)
 
     const char *kernel_gemm_variant()
     const char *kernel_gemm_variants()

@@ -74,6 +74,16 @@ def pool_stall_workers(int us):
     kernel_pool_stall_workers(us)
 
 
+def pool_late_workers(int us):
+    """Make every worker wait `us` microseconds after it sees each new job before it looks for
+    chunks, and every caller wait twice that between writing a job's descriptor and opening its
+    chunks: a worker then meets the next job's count while it still holds the last job's number
+    (for tests; 0: off)."""
+    if us < 0:
+        raise ValueError(f"delay must be >= 0 microseconds, got {us}")
+    kernel_pool_late_workers(us)
+
+
 # Operands of GEMM and decode attention calls that returned with a stalled worker still inside (kernels.h
 # kernel_pool_last_stale), by job: held so that the worker never reads freed memory. A dict, whose
 # single-key stores and pops are atomic, so that two Python threads never drop each other's.

@@ -59,6 +59,7 @@ static struct {
     int hold;
     int spin_us;
     int stall_us;
+    int late_us;                 /* test hook: kernel_pool_late_workers */
     int caller_cpu;              /* where the running job's caller runs (-1: unknown) */
     /* the running job when it is a pool_run_out one (seq 0: a pool_run job) */
     uint64_t seq;
@@ -165,7 +166,7 @@ static int64_t run_chunks(uint32_t gen, int participant)
 {
     const pool_task task = __atomic_load_n(&P.task, __ATOMIC_RELAXED);
     void *const ctx = __atomic_load_n(&P.ctx, __ATOMIC_RELAXED);
-    const int64_t nchunks = __atomic_load_n(&P.nchunks, __ATOMIC_RELAXED);
+    const int64_t nchunks = __atomic_load_n(&P.nchunks, __ATOMIC_ACQUIRE);   /* after take_pool's close */
     int64_t ran = 0;
     uint64_t c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
     for (;;) {
@@ -214,7 +215,7 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
      * block. One that finished before has taken every chunk, which the next load shows. */
     int64_t ran = 0;
     uint64_t c = __atomic_load_n(&P.claim, __ATOMIC_SEQ_CST);
-    const int64_t nchunks = __atomic_load_n(&P.nchunks, __ATOMIC_RELAXED);
+    const int64_t nchunks = __atomic_load_n(&P.nchunks, __ATOMIC_ACQUIRE);   /* after take_pool's close */
     const pool_out_task task = __atomic_load_n(&P.otask, __ATOMIC_RELAXED);
     const pool_out_rect rect = __atomic_load_n(&P.orect, __ATOMIC_RELAXED);
     const void *const ctx = __atomic_load_n(&P.ctx, __ATOMIC_RELAXED);
@@ -277,6 +278,9 @@ static void *worker_main(void *arg)
             stat_add(KERNEL_POOL_WORKER_WAKEUPS, 1);
         }
         seen = g;
+        const int late = __atomic_load_n(&P.late_us, __ATOMIC_RELAXED);
+        if (late > 0)
+            usleep((useconds_t)late);
         if (id >= __atomic_load_n(&P.team, __ATOMIC_RELAXED) || __atomic_load_n(&P.hold, __ATOMIC_ACQUIRE))
             continue;   /* not in this job's team (or held by a test) */
         const int64_t ran = __atomic_load_n(&P.seq, __ATOMIC_RELAXED) != 0 ? run_out_chunks(g, id, &sc)
@@ -345,6 +349,12 @@ static int take_pool(int family, int team, int64_t nchunks)
         team = POOL_MAX_THREADS;
     if (team <= 1 || nchunks <= 1 || pthread_mutex_trylock(&P.lock) != 0)
         return 0;
+    /* Close the last job's claim word before this job's descriptor is written. A worker that saw
+     * the last job's generation may read this job's chunk count (published with release, read with
+     * acquire, so it then sees the close): against the old word, exhausted at the old count, a
+     * larger new count would let it take chunks under the old number and run them as this job's,
+     * counted twice (a caller returning early, or never: a hang seen beside a busy loop). */
+    __atomic_store_n(&P.claim, ((uint64_t)P.gen << 32) | UINT32_MAX, __ATOMIC_RELAXED);
     const int workers = ensure_workers(team - 1);
     if (team > workers + 1)
         team = workers + 1;
@@ -362,10 +372,13 @@ static uint32_t publish(pool_task task, void *ctx, int64_t nchunks, int team)
     const uint32_t gen = P.gen + 1;   /* only callers write it, under the lock */
     __atomic_store_n(&P.task, task, __ATOMIC_RELAXED);
     __atomic_store_n(&P.ctx, ctx, __ATOMIC_RELAXED);
-    __atomic_store_n(&P.nchunks, nchunks, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.nchunks, nchunks, __ATOMIC_RELEASE);
     __atomic_store_n(&P.team, team, __ATOMIC_RELAXED);
     __atomic_store_n(&P.done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&P.caller_cpu, current_cpu(), __ATOMIC_RELAXED);
+    const int late = __atomic_load_n(&P.late_us, __ATOMIC_RELAXED);
+    if (late > 0)
+        usleep((useconds_t)(2 * late));   /* test hook: the window a late worker meets this job in */
     __atomic_store_n(&P.claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);
     __atomic_store_n(&P.gen, gen, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST) > 0)
@@ -612,6 +625,11 @@ void kernel_pool_set_spin_us(int us)
 void kernel_pool_stall_workers(int us)
 {
     __atomic_store_n(&P.stall_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
+}
+
+void kernel_pool_late_workers(int us)
+{
+    __atomic_store_n(&P.late_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
 }
 
 uint64_t kernel_pool_last_stale(void)

@@ -345,6 +345,12 @@ def pool_stall_workers(us):
         raise ValueError(f"stall must be >= 0 microseconds, got {us}")
 
 
+def pool_late_workers(us):
+    """No workers here to delay."""
+    if us < 0:
+        raise ValueError(f"delay must be >= 0 microseconds, got {us}")
+
+
 def pool_hold_workers(hold):
     """Nothing to hold: the numpy twin runs on the calling thread."""
 

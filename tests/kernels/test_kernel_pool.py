@@ -198,3 +198,31 @@ def test_a_stalled_worker_never_writes_after_the_call_returned():
     assert K.pool_stats()["taken_back"] - before >= 3 * 3
     K.gemm_q8(wq, wd, *inputs[0], threads=2)          # the next call lets the held operands go
     assert not K._stale_operands
+
+
+def test_a_late_worker_takes_no_chunk_under_the_last_jobs_number():
+    """A worker that saw a job's number but looks for chunks only while the next job, with more
+    chunks, is being published must take none. Against the last job's claim word, spent at the old
+    count, the new count would let it take chunks under the old number and run them as the new
+    job's, counted twice: the caller then returned before its output was complete, or waited for
+    ever (seen beside a busy loop). Decode-sized and prefill-sized GEMMs alternate, so both kinds of
+    job meet a late worker, each after a job with fewer chunks."""
+    rng = np.random.default_rng(60)
+    calls = [(_decode_case(rng, 1, n=1024), 1), (_decode_case(rng, 1, n=8192), 1), (_gemm_case(rng, m=40), 40)]
+    wants = [K.gemm_q8(*args, threads=1) for args, _ in calls]
+    wrong = []
+
+    def alternate():
+        for _ in range(10):
+            for (args, _), want in zip(calls, wants):
+                wrong.append(not np.array_equal(K.gemm_q8(*args, threads=2), want))
+
+    K.pool_late_workers(2000)
+    try:
+        caller = threading.Thread(target=alternate, daemon=True)   # a hung caller must not hang the run
+        caller.start()
+        caller.join(timeout=60)
+    finally:
+        K.pool_late_workers(0)
+    assert not caller.is_alive(), "a caller waits for ever for chunks counted twice"
+    assert len(wrong) == 30 and not any(wrong)
