@@ -188,8 +188,8 @@ class _LiveCollector:
                        "Times a calling thread slept for a chunk a worker held without progress (the worker's core "
                        "taken by another thread).", stats["caller_sleeps"])
         yield _counter("appliance_kernel_pool_chunks_taken_back",
-                       "Chunks of decode-sized GEMMs a calling thread computed itself instead of waiting for the "
-                       "worker that held them without progress.", stats["taken_back"])
+                       "Chunks of decode-sized GEMMs and decode attention a calling thread computed itself instead of "
+                       "waiting for the worker that held them without progress.", stats["taken_back"])
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
