@@ -76,6 +76,7 @@ static struct {
 
 static uint64_t chunk_state[POOL_OUT_MAX_CHUNKS];
 static __thread uint64_t last_stale;   /* this caller's latest job left with a worker inside */
+static __thread uint64_t inside_seq;   /* the pool_run_out job this worker runs chunks of (pool_beat) */
 
 static inline void cpu_relax(void)
 {
@@ -211,6 +212,7 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
     if (seq == 0)
         return 0;
     __atomic_store_n(&P.in_seq[id], seq, __ATOMIC_SEQ_CST);
+    inside_seq = seq;
     /* Inside from here on: a caller that finishes the job after this store sees it and keeps the
      * block. One that finished before has taken every chunk, which the next load shows. */
     int64_t ran = 0;
@@ -259,6 +261,7 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
         }
         c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
     }
+    inside_seq = 0;
     __atomic_store_n(&P.in_seq[id], 0, __ATOMIC_RELEASE);
     return ran;
 }
@@ -580,7 +583,10 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
 
 void pool_beat(void)
 {
-    __atomic_fetch_add(&P.beat, 1, __ATOMIC_RELAXED);
+    /* Only a worker inside the running job: one still finishing a chunk taken back from it in an
+     * earlier job must not keep the caller from taking back this job's stalled chunks. */
+    if (inside_seq != 0 && inside_seq == __atomic_load_n(&P.seq, __ATOMIC_RELAXED))
+        __atomic_fetch_add(&P.beat, 1, __ATOMIC_RELAXED);
 }
 
 /* ---- the public face (kernels.h) ---------------------------------------------------------- */

@@ -64,7 +64,8 @@ static inline void pool_panel_rect(int64_t chunk, int64_t mchunks, int64_t mrows
 }
 /* Called by a pool_run_out task inside a long chunk (an attention unit scans for milliseconds): a
  * sign of progress, so that the caller does not take back chunks from a worker that is running. A
- * caller takes chunks back only once neither a chunk has finished nor a beat come for the budget. */
+ * caller takes chunks back only once neither a chunk has finished nor a beat come for the budget.
+ * Counts only from a worker inside the running job (not from the caller, nor from a late worker). */
 void pool_beat(void);
 #define POOL_OUT_MAX_CHUNKS 4096
 #define POOL_OUT_MAX_FLOATS (4 * 1024 * 1024)
