@@ -37,9 +37,7 @@ static void ATTN_NAME(decode_unit)(const void *ctx, int64_t chunk, float *y)
             }
             continue;
         }
-        memcpy(part, b.acc + hh * R * hd, (size_t)(u.rows * hd) * sizeof(float));
-        memcpy(part + R * hd, b.mx + hh * R, (size_t)u.rows * sizeof(float));
-        memcpy(part + R * hd + R, b.sum + hh * R, (size_t)u.rows * sizeof(float));
+        attn_store_part(part, &b, hh, R, hd, u.rows);
     }
     free(base);
 }

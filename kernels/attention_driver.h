@@ -190,6 +190,15 @@ static inline int64_t slab_row0(const struct attn_job *j, const struct attn_seq 
     return ((int64_t)j->table[sq->list0 + h * sq->stride + i] * j->n_kv + h) * j->bs;
 }
 
+/* Head hh's running sums from b (rows hh * R ...) into a part, merge_parts' layout. */
+static inline void attn_store_part(float *part, const struct attn_buffers *b, int64_t hh, int64_t R, int64_t hd,
+                                   int64_t rows)
+{
+    memcpy(part, b->acc + hh * R * hd, (size_t)(rows * hd) * sizeof(float));
+    memcpy(part + R * hd, b->mx + hh * R, (size_t)rows * sizeof(float));
+    memcpy(part + R * hd + R, b->sum + hh * R, (size_t)rows * sizeof(float));
+}
+
 /* Where a unit lies: its sequence, kv heads h0 .. h0+nh-1, query tile (queries t0 .. t0+qt-1, rows
  * r: query t0 + r / group, head h*group + r % group) and part (listed blocks i0 .. i1-1). */
 struct attn_unit_at {
@@ -386,9 +395,7 @@ static void ATTN_NAME(attention_unit)(void *ctx, int64_t chunk, int participant)
         const int64_t pair = sq->group0 + h * sq->ntiles + u.tile;
         const int64_t part_floats = R * (hd + 2);
         float *mine = j->parts + sq->part0 + ((h * sq->ntiles + u.tile) * sq->nsplits + u.part) * part_floats;
-        memcpy(mine, acc, (size_t)(rows * hd) * sizeof(float));
-        memcpy(mine + R * hd, mx, (size_t)rows * sizeof(float));
-        memcpy(mine + R * hd + R, sum, (size_t)rows * sizeof(float));
+        attn_store_part(mine, b, hh, R, hd, rows);
         if (__atomic_sub_fetch(&j->parts_left[pair], 1, __ATOMIC_ACQ_REL) == 0)
             ATTN_NAME(merge_parts)(mine - u.part * part_floats, part_floats, sq->nsplits, rows, R, hd, orow);
     }
@@ -473,12 +480,13 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
             memset(out + seqs[si].row0 * n_kv * group * hd, 0, (size_t)(seqs[si].T * n_kv * group * hd) * sizeof(float));
     }
 
+    /* The call as cut into units, for either route. */
+    const struct attn_job cut = {.kind = kind, .q = q, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
+                                 .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k, .v = v,
+                                 .ks = ks, .vs = vs, .table = table, .blockpos = blockpos, .count = count,
+                                 .qpos = qpos, .scale = scale, .out = out, .seqs = seqs, .nseq = nseq,
+                                 .keep = keep, .hper = hper};
     if (!keep && Tmax <= ATTN_QTILE) {   /* every sequence in one tile: a decode step */
-        const struct attn_job cut = {.kind = kind, .q = q, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
-                                     .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k,
-                                     .v = v, .ks = ks, .vs = vs, .table = table, .blockpos = blockpos,
-                                     .count = count, .qpos = qpos, .scale = scale, .out = out, .seqs = seqs,
-                                     .nseq = nseq, .hper = hper};
         ATTN_NAME(attention_decode)(&cut, nunits, nt, seq_rows[nseq]);
         if (seqs != &one)
             free(seqs);
@@ -498,11 +506,9 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
     for (int64_t si = 0; si < nseq && parts_left != NULL; si++)
         for (int64_t p = 0; p < seqs[si].ntiles * n_kv; p++)
             parts_left[seqs[si].group0 + p] = (uint32_t)seqs[si].nsplits;
-    *j = (struct attn_job){.kind = kind, .q = q, .n_kv = n_kv, .group = group, .hd = hd, .bs = bs,
-                           .ld = (bs + 15) & ~(int64_t)15, .R = R, .nsel_max = nsel_max, .k = k, .v = v,
-                           .ks = ks, .vs = vs, .table = table, .blockpos = blockpos, .count = count,
-                           .qpos = qpos, .scale = scale, .out = out, .seqs = seqs, .nseq = nseq,
-                           .parts = parts, .parts_left = parts_left, .keep = keep, .hper = hper};
+    *j = cut;
+    j->parts = parts;
+    j->parts_left = parts_left;
     if (!keep) {
         pool_run(KERNEL_ATTENTION, nt, nunits, ATTN_NAME(attention_unit), j);
     } else {
