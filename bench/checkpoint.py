@@ -22,8 +22,18 @@ QWEN3_0_6B = dict(
     max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6, hidden_act="silu",
     attention_bias=False, bos_token_id=151643, eos_token_id=151645, initializer_range=0.02,
 )
+# A 2-layer, 64-wide checkpoint of the same family, built in seconds: the benchmarks' --shape tiny
+# (a check that a script runs, not a measurement).
+TINY = dict(QWEN3_0_6B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32)
+SHAPES = {"0.6b": QWEN3_0_6B, "tiny": TINY}
 SEED = 0
 MARKER = ".bench-checkpoint.json"   # written last: its presence means the directory is complete
+
+
+def shape_dir(workdir, shape: str) -> Path:
+    """Where the checkpoint of SHAPES[shape] is built under a benchmark's workdir."""
+    return Path(workdir) / ("qwen3-0.6b-random" if shape == "0.6b" else "qwen3-tiny-random")
 
 
 def recipe_key(shape: dict = QWEN3_0_6B, seed: int = SEED) -> str:

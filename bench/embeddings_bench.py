@@ -32,11 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.checkpoint import QWEN3_0_6B  # noqa: E402
+from bench.checkpoint import SHAPES, shape_dir  # noqa: E402
 
-TINY = dict(QWEN3_0_6B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32)
-SHAPES = {"0.6b": QWEN3_0_6B, "tiny": TINY}
 INSTALL_LLAMA = ('CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python '
                  '--no-binary llama-cpp-python   # about 10 minutes on 2 cores')
 # Words Qwen's tokenizer keeps whole with their leading space: a text of n of them is n tokens.
@@ -195,7 +192,7 @@ def main(argv=None) -> int:
     shape = SHAPES[args.shape]
     work = args.workdir
     (work / "results").mkdir(parents=True, exist_ok=True)
-    model_dir = work / ("qwen3-0.6b-random" if args.shape == "0.6b" else "qwen3-tiny-random")
+    model_dir = shape_dir(work, args.shape)
     log(f"[1/4] checkpoint {model_dir}")
     build_checkpoint(model_dir, shape=shape, cache_dir=work, log=log)
     texts_path = work / "results" / f"embedding-texts-{args.inputs}x{args.tokens}.json"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,21 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.checkpoint import QWEN3_0_6B  # noqa: E402
+from bench.checkpoint import SHAPES, shape_dir  # noqa: E402
+from bench.compare_llamacpp import log, start_hog, stop_hog  # noqa: E402
 
-TINY = dict(QWEN3_0_6B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32)
-SHAPES = {"0.6b": QWEN3_0_6B, "tiny": TINY}
 TARGET = 1.5
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def start_loop(cpu: int, session: str) -> subprocess.Popen:
-    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=session == "own")
 
 
 def main(argv=None) -> int:
@@ -59,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hog-session", choices=("same", "own"), default="same")
     ap.add_argument("--kv", default="q8")
     args = ap.parse_args(argv)
+    args.hog_cmd = ""   # start_hog's other neighbour: this benchmark runs the busy loop only
     if args.context < 1 or args.rounds < 1 or args.steps < 1:
         ap.error("--context, --rounds and --steps must be positive")
     if args.hog_cpu not in os.sched_getaffinity(0):
@@ -71,7 +60,7 @@ def main(argv=None) -> int:
     from appliance.kernels.dispatch import kernels as K
     from bench.checkpoint import build_checkpoint
 
-    model_dir = args.workdir / ("qwen3-0.6b-random" if args.shape == "0.6b" else "qwen3-tiny-random")
+    model_dir = shape_dir(args.workdir, args.shape)
     build_checkpoint(model_dir, shape=SHAPES[args.shape], cache_dir=args.workdir, log=log)
     gen = args.rounds * 2 * args.steps + 4
     engine = Engine.load(str(model_dir), weights="q8", kv=args.kv, threads=args.threads,
@@ -90,7 +79,7 @@ def main(argv=None) -> int:
             engine.decode([seq])
         for _ in range(args.rounds):
             for phase in ("quiet", "neighbour"):
-                loop = start_loop(args.hog_cpu, args.hog_session) if phase == "neighbour" else None
+                loop = start_hog(args) if phase == "neighbour" else None
                 try:
                     if loop is not None:
                         time.sleep(0.3)   # the loop is running
@@ -100,9 +89,7 @@ def main(argv=None) -> int:
                         engine.decode([seq])
                     after = K.pool_stats()
                 finally:
-                    if loop is not None:
-                        loop.kill()
-                        loop.wait()
+                    stop_hog(loop)
                 steps[phase] += [s for s in seen if isinstance(s, DecodeStats)]
                 for name in after:
                     counters[phase][name] = counters[phase].get(name, 0) + after[name] - before[name]
