@@ -208,13 +208,13 @@ def test_a_late_worker_takes_no_chunk_under_the_last_jobs_number():
     ever (seen beside a busy loop). Decode-sized and prefill-sized GEMMs alternate, so both kinds of
     job meet a late worker, each after a job with fewer chunks."""
     rng = np.random.default_rng(60)
-    calls = [(_decode_case(rng, 1, n=1024), 1), (_decode_case(rng, 1, n=8192), 1), (_gemm_case(rng, m=40), 40)]
-    wants = [K.gemm_q8(*args, threads=1) for args, _ in calls]
+    calls = [_decode_case(rng, 1, n=1024), _decode_case(rng, 1, n=8192), _gemm_case(rng, m=40)]
+    wants = [K.gemm_q8(*args, threads=1) for args in calls]
     wrong = []
 
     def alternate():
         for _ in range(10):
-            for (args, _), want in zip(calls, wants):
+            for args, want in zip(calls, wants):
                 wrong.append(not np.array_equal(K.gemm_q8(*args, threads=2), want))
 
     K.pool_late_workers(2000)
