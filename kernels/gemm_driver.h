@@ -173,20 +173,35 @@ static void gemm_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, 
  * return without waiting for a worker that lost its core. */
 #define GEMM_OUT_MAX_ROWS 16
 
-/* Run the row route's job as a pool_run_out job, from one block holding the job and its xsum8;
- * 0 when out of memory for the block. */
+/* Run the row route's job as a pool_run_out job, from one block holding the job and what its chunks
+ * read besides the caller's arrays (which the binding holds): the q4 tile's xsum8, or the tile
+ * run's per-row operands (a worker the caller took a chunk back from may read them after the call
+ * returned). 0 when out of memory for the block. */
 static int gemm_run_out(struct gemm_job *job, int nt, int64_t nchunks)
 {
-    const int64_t sums = job->is_q4 && GEMM_Q4_XSUM8 ? job->M * job->nb : 0;
-    struct gemm_job *blk = malloc(sizeof *blk + (size_t)sums * sizeof(int32_t));
+#if defined(GEMM_ROWS_RUNNER)
+    const int64_t rows_ops = job->rows != NULL ? ((job->M + 3) / 4) * job->nb * 4 : 0;
+#else
+    const int64_t rows_ops = 0;
+#endif
+    /* xsum8 is gemm_tile's operand only (the row runner folds the offset into xinit) */
+    const int64_t sums = rows_ops == 0 && job->is_q4 && GEMM_Q4_XSUM8 ? job->M * job->nb : 0;
+    struct gemm_job *blk = malloc(sizeof *blk + (size_t)(sums + 2 * rows_ops) * sizeof(int32_t));
     if (blk == NULL)
         return 0;
     *blk = *job;
+    int32_t *const tail = (int32_t *)(blk + 1);
     if (sums > 0) {
-        int32_t *xsum8 = (int32_t *)(blk + 1);
-        gemm_fill_xsum8(job->xq, sums, xsum8);
-        blk->xsum8 = xsum8;
+        gemm_fill_xsum8(job->xq, sums, tail);
+        blk->xsum8 = tail;
     }
+#if defined(GEMM_ROWS_RUNNER)
+    if (rows_ops > 0) {
+        blk->rows_pk.xdT = memcpy(tail, job->rows_pk.xdT, (size_t)rows_ops * sizeof(float));
+        blk->rows_pk.xinit = memcpy(tail + rows_ops, job->rows_pk.xinit, (size_t)rows_ops * sizeof(int32_t));
+        blk->rows_pk.xabs = NULL;
+    }
+#endif
     pool_run_out(KERNEL_GEMM, nt, nchunks, gemm_chunk_into, gemm_rect, blk, job->y, job->M, job->N);
     return 1;
 }
@@ -296,8 +311,13 @@ static void gemm_simd(int is_q4, const uint8_t *wq, const uint16_t *wd, int64_t 
     uses_tile = job.rows == NULL;
 #endif
     const int64_t nchunks = ((ngroups + panel - 1) / panel) * job.mchunks;
-    if (uses_tile && M <= GEMM_OUT_MAX_ROWS && gemm_run_out(&job, nt, nchunks))
+    if (M <= GEMM_OUT_MAX_ROWS && gemm_run_out(&job, nt, nchunks)) {
+#if defined(GEMM_ROWS_RUNNER)
+        if (job.rows != NULL)
+            gemm_packed_release(&job.rows_pk);
+#endif
         return;
+    }
     /* xsum8 is gemm_tile's operand only (the row runner folds the offset into xinit). */
     int failed = 0;
     int32_t *xsum8 = uses_tile ? gemm_xsum8(is_q4, xq, M, nb, &failed) : NULL;

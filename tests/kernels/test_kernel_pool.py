@@ -171,15 +171,17 @@ def test_a_stalled_workers_chunks_are_computed_again_with_the_same_bits(layout, 
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-def test_a_stalled_worker_never_writes_after_the_call_returned():
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_stalled_worker_never_writes_after_the_call_returned(m):
     """The stalled worker finishes its chunk after the caller moved on: into its own copy, which it
     must not copy into an output that by then holds another call's result; and it must still find
-    the operands of its call, whose arrays the caller has dropped, alive."""
+    the operands of its call, whose arrays the caller has dropped, alive. Three rows run, on a CPU
+    with VNNI, the row route's tile run, whose per-row operands the job's block carries."""
     rng = np.random.default_rng(20)
     wq, wd, _, _ = _decode_case(rng, 1)
-    inputs = [quant.quantize_rows_q8(rng.standard_normal((1, 1024)).astype(np.float32)) for _ in range(4)]
+    inputs = [quant.quantize_rows_q8(rng.standard_normal((m, 1024)).astype(np.float32)) for _ in range(4)]
     wants = [K.gemm_q8(wq, wd, xq, xd, threads=1) for xq, xd in inputs]
-    out = np.empty((1, 8192), np.float32)
+    out = np.empty((m, 8192), np.float32)
     before = K.pool_stats()["taken_back"]
     for _ in range(3):
         K.pool_stall_workers(30000)
