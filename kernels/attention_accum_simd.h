@@ -21,7 +21,7 @@ ALWAYS_INLINE void accum_all(const int kind, const void *v, const float *vs, int
         accum_heads(kind, 1, v, vs, n, hd, w + g * ld, NULL, acc + g * hd, NULL);
 }
 
-static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+ALWAYS_INLINE void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
                           float *w, int64_t ld, float *acc)
 {
     /* Fold the row scale into the weight once per (head, row), as the portable path does. */
@@ -30,13 +30,13 @@ static void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, int64_t g
     accum_all(KV_Q8, v, NULL, n, group, hd, w, ld, acc);
 }
 
-static void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
+ALWAYS_INLINE void attn_accum_q4(const uint8_t *v, const float *vs, int64_t n, int64_t group, int64_t hd,
                           float *w, int64_t ld, float *acc)
 {
     accum_all(KV_Q4, v, vs, n, group, hd, w, ld, acc);
 }
 
-static void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
+ALWAYS_INLINE void attn_accum_f32(const float *v, int64_t n, int64_t group, int64_t hd,
                            float *w, int64_t ld, float *acc)
 {
     accum_all(KV_F32, v, NULL, n, group, hd, w, ld, acc);

@@ -53,7 +53,6 @@ static struct {
     uint64_t claim;              /* generation << 32 | next chunk index */
     uint32_t gen;                /* futex: the latest job's generation */
     uint32_t done;               /* futex: chunks of the running job that finished */
-    uint32_t beat;               /* progress inside long chunks (pool_beat) */
     int caller_waiting;
     int sleepers;                /* workers asleep on gen */
     int hold;
@@ -76,7 +75,13 @@ static struct {
 
 static uint64_t chunk_state[POOL_OUT_MAX_CHUNKS];
 static __thread uint64_t last_stale;   /* this caller's latest job left with a worker inside */
-static __thread uint64_t inside_seq;   /* the pool_run_out job this worker runs chunks of (pool_beat) */
+/* Progress inside long chunks (pool_beat): one counter a worker, each on its own cache line, written
+ * only by its worker and read by the caller only when its wait runs out. A beat is then a store to a
+ * line the worker owns. One shared counter beside the pool's hot words cost decode attention at 4096
+ * a sixth of its time on a Zen 4 (11.3 against 9.7 ms a step): every beat pulled the line the
+ * caller spins on. */
+static struct { uint64_t n; } __attribute__((aligned(64))) beats[POOL_MAX_THREADS];
+static __thread uint64_t *my_beats;   /* this worker's counter while it runs a pool_run_out job's chunks */
 
 static inline void cpu_relax(void)
 {
@@ -212,7 +217,7 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
     if (seq == 0)
         return 0;
     __atomic_store_n(&P.in_seq[id], seq, __ATOMIC_SEQ_CST);
-    inside_seq = seq;
+    my_beats = &beats[id].n;
     /* Inside from here on: a caller that finishes the job after this store sees it and keeps the
      * block. One that finished before has taken every chunk, which the next load shows. */
     int64_t ran = 0;
@@ -261,7 +266,7 @@ static int64_t run_out_chunks(uint32_t gen, int id, struct scratch *sc)
         }
         c = __atomic_load_n(&P.claim, __ATOMIC_ACQUIRE);
     }
-    inside_seq = 0;
+    my_beats = NULL;
     __atomic_store_n(&P.in_seq[id], 0, __ATOMIC_RELEASE);
     return ran;
 }
@@ -467,6 +472,17 @@ static void retire(uint64_t seq, void *block)
     P.nretired++;
 }
 
+/* The beats of the workers inside job `seq`: one finishing a chunk taken back from it in an earlier
+ * job must not keep the caller from taking back this job's stalled chunks. */
+static uint64_t beats_inside(uint64_t seq)
+{
+    uint64_t sum = 0;
+    for (int w = 1; w < POOL_MAX_THREADS; w++)
+        if (__atomic_load_n(&P.in_seq[w], __ATOMIC_ACQUIRE) == seq)
+            sum += __atomic_load_n(&beats[w].n, __ATOMIC_RELAXED);
+    return sum;
+}
+
 /* Compute every chunk of job `seq` a worker took but has not started copying in; returns how many. */
 static int64_t take_back(uint64_t seq, int64_t nchunks, pool_out_task task, const void *ctx, float *y)
 {
@@ -552,11 +568,12 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
     stat_add(KERNEL_POOL_CALLER_CHUNKS, mine);
 
     /* The workers' chunks: while none finishes, nor beats, within the budget, take them back. */
-    uint32_t d, beat = __atomic_load_n(&P.beat, __ATOMIC_RELAXED);
+    uint32_t d;
+    uint64_t beat = beats_inside(seq);
     while ((int64_t)(d = __atomic_load_n(&P.done, __ATOMIC_ACQUIRE)) != nchunks) {
         if (spin_while_equal(&P.done, d, caller_budget_us()) != d)
             continue;
-        const uint32_t b = __atomic_load_n(&P.beat, __ATOMIC_RELAXED);
+        const uint64_t b = beats_inside(seq);
         if (b != beat) {   /* a worker is running inside a long chunk */
             beat = b;
             cpu_relax();
@@ -583,10 +600,9 @@ void pool_run_out(int family, int team, int64_t nchunks, pool_out_task task, poo
 
 void pool_beat(void)
 {
-    /* Only a worker inside the running job: one still finishing a chunk taken back from it in an
-     * earlier job must not keep the caller from taking back this job's stalled chunks. */
-    if (inside_seq != 0 && inside_seq == __atomic_load_n(&P.seq, __ATOMIC_RELAXED))
-        __atomic_fetch_add(&P.beat, 1, __ATOMIC_RELAXED);
+    uint64_t *const b = my_beats;
+    if (b != NULL)
+        __atomic_store_n(b, *b + 1, __ATOMIC_RELAXED);
 }
 
 /* ---- the public face (kernels.h) ---------------------------------------------------------- */
