@@ -12,6 +12,9 @@ step over the repeats is reported, and the ratio attention / GEMV, whose target 
 (docs/performance.md). --clock cpu (with --threads 1) times the thread's CPU time, which leaves out
 the time other processes held the core; memory stalls still count. The block table is the pool's
 order for one sequence (consecutive blocks) unless --scatter.
+The GEMVs run in the layout the engine holds its weights in on this CPU: strips where it packs them
+(appliance/weights/linear.py, `strips_wanted`), which stream faster than rows; `--layout rows` times
+the row layout instead.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import numpy as np
 
 from appliance.kernels import _kernels as K
 from appliance.kernels import quant
+from appliance.weights.linear import strips_wanted
 
 TARGET = 0.80
 
@@ -76,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--kv", choices=["q8", "q4"], default="q8")
     ap.add_argument("--scatter", action="store_true", help="blocks at random places in the pool")
+    ap.add_argument("--layout", choices=["engine", "rows", "strips"], default="engine",
+                    help="the GEMVs' weight layout (engine: as the engine holds them on this CPU)")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu times the calling thread: use it with --threads 1")
@@ -83,9 +89,13 @@ def main(argv=None) -> int:
     s = SHAPES[args.shape]
     rng = np.random.default_rng(0)
     bs = 32
+    strips = args.layout == "strips" or (args.layout == "engine" and strips_wanted())
     print(f"shape {args.shape}: {s.layers} layers, context {args.context}, {args.kv} KV, {args.threads} threads, "
-          f"kernel path {K.kernel_path()}, load average {os.getloadavg()[0]:.2f}")
+          f"kernel path {K.kernel_path()}, GEMV weights in {'strips' if strips else 'rows'}, "
+          f"load average {os.getloadavg()[0]:.2f}")
     weights = [layer_weights(rng, s) for _ in range(s.layers)]
+    if strips:
+        weights = [[(K.pack_strips(wq, wd, False), wq.shape) for wq, wd in layer] for layer in weights]
     caches = [layer_cache(rng, s, args.context, args.kv, bs) for _ in range(s.layers)]
     nblk = -(-args.context // bs)
     table = (rng.permutation(nblk) if args.scatter else np.arange(nblk)).astype(np.int32)
@@ -98,18 +108,30 @@ def main(argv=None) -> int:
                                     .astype(np.float32))
     attend = K.attention_q8 if args.kv == "q8" else K.attention_q4
     scale = 1.0 / np.sqrt(s.head_dim)
-    w_bytes = sum(wq.nbytes + wd.nbytes for layer in weights for wq, wd in layer)
     kv_bytes = sum(k.nbytes + ks.nbytes + v.nbytes + vs.nbytes for k, ks, v, vs in caches)
-    outs = [np.empty((1, wq.shape[0]), np.float32) for wq, _ in weights[0]]
+    if strips:
+        w_bytes = sum(ws.nbytes for layer in weights for ws, _ in layer)
+        outs = [np.empty((1, n), np.float32) for _, (n, _) in weights[0]]
+    else:
+        w_bytes = sum(wq.nbytes + wd.nbytes for layer in weights for wq, wd in layer)
+        outs = [np.empty((1, wq.shape[0]), np.float32) for wq, _ in weights[0]]
     attn_out = np.empty_like(q)
+
+    def gemv(w, out):
+        if strips:
+            ws, (n, kk) = w
+            K.gemm_strips(ws, n, kk, False, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
+        else:
+            wq, wd = w
+            kk = wq.shape[1]
+            K.gemm_q8(wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
 
     def step():
         t_gemv = t_attn = 0.0
         for layer in range(s.layers):
             t0 = clock()
-            for (wq, wd), out in zip(weights[layer], outs):
-                kk = wq.shape[1]
-                K.gemm_q8(wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
+            for w, out in zip(weights[layer], outs):
+                gemv(w, out)
             t1 = clock()
             k, ks, v, vs = caches[layer]
             attend(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=attn_out, threads=args.threads)
