@@ -24,7 +24,7 @@
 
 /* Below this many K rows scanned in all, a kernel runs on the calling thread: a sleeping team
  * takes longer to wake up than such a scan. */
-#define ATTN_PARALLEL_MIN_ROWS 2048
+#define ATTN_PARALLEL_MIN_ROWS 256
 
 /* A thread's scratch, carved from one 64-byte aligned allocation. Each kernel lists its buffers
  * once, scratch_take for each, in a loop of two passes: the first (base NULL) only measures and
