@@ -180,7 +180,7 @@ static void gemm_rect(const void *ctx, int64_t chunk, int64_t *m0, int64_t *m1, 
 static int gemm_run_out(struct gemm_job *job, int nt, int64_t nchunks)
 {
 #if defined(GEMM_ROWS_RUNNER)
-    const int64_t rows_ops = job->rows != NULL ? ((job->M + 3) / 4) * job->nb * 4 : 0;
+    const int64_t rows_ops = job->rows != NULL ? gemm_packed_row_entries(job->M, job->nb) : 0;
 #else
     const int64_t rows_ops = 0;
 #endif

@@ -105,13 +105,19 @@ static inline int32_t gemm_block_sum(const int8_t *x)
     return sum;
 }
 
+/* Entries of xdT (and of xinit): M rows in groups of 4, nb blocks each. */
+static inline int64_t gemm_packed_row_entries(int64_t M, int64_t nb)
+{
+    return ((M + 3) / 4) * nb * 4;
+}
+
 /* The call's operands for variant v; 0 when out of memory (nothing left allocated). */
 static inline int gemm_packed_prepare(struct gemm_packed_operands *pk, const struct gemm_packed_variant *v,
                                       const int8_t *xq, const float *xd, int64_t M, int64_t K)
 {
-    const int64_t nb = K / QK, groups = (M + 3) / 4;
-    pk->xdT = malloc((size_t)(groups * nb * 4) * sizeof(float));
-    pk->xinit = v->xor_mask ? malloc((size_t)(groups * nb * 4) * sizeof(int32_t)) : NULL;
+    const int64_t nb = K / QK, groups = (M + 3) / 4, entries = gemm_packed_row_entries(M, nb);
+    pk->xdT = malloc((size_t)entries * sizeof(float));
+    pk->xinit = v->xor_mask ? malloc((size_t)entries * sizeof(int32_t)) : NULL;
     pk->xabs = v->wants_abs ? malloc((size_t)(M * K)) : NULL;
     if (pk->xdT == NULL || (v->xor_mask && pk->xinit == NULL) || (v->wants_abs && pk->xabs == NULL)) {
         gemm_packed_release(pk);
