@@ -55,6 +55,26 @@ def layer_weights(rng, s: Shape):
              (rng.random((n, k // 32), dtype=np.float32) * 0.01).astype(np.float16)) for n, k in shapes]
 
 
+@dataclass
+class Gemv:
+    """One weight matrix as the benchmark runs it: n outputs, the bytes a pass reads, and
+    run(xq, xd, out) on the first K columns of the quantized activation row."""
+    n: int
+    nbytes: int
+    run: object
+
+
+def make_gemv(wq, wd, strips: bool, threads: int) -> Gemv:
+    """The Q8_0 GEMV of (wq, wd), its weights in strips or in rows."""
+    n, kk = wq.shape
+    if strips:
+        ws = K.pack_strips(wq, wd, False)
+        return Gemv(n, ws.nbytes, lambda xq, xd, out: K.gemm_strips(
+            ws, n, kk, False, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
+    return Gemv(n, wq.nbytes + wd.nbytes, lambda xq, xd, out: K.gemm_q8(
+        wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
+
+
 def layer_cache(rng, s: Shape, context: int, kv: str, bs: int = 32):
     nblk = -(-context // bs)
     shape = (nblk, s.kv_heads, bs, s.head_dim)
@@ -93,9 +113,7 @@ def main(argv=None) -> int:
     print(f"shape {args.shape}: {s.layers} layers, context {args.context}, {args.kv} KV, {args.threads} threads, "
           f"kernel path {K.kernel_path()}, GEMV weights in {'strips' if strips else 'rows'}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    weights = [layer_weights(rng, s) for _ in range(s.layers)]
-    if strips:
-        weights = [[(K.pack_strips(wq, wd, False), wq.shape) for wq, wd in layer] for layer in weights]
+    gemvs = [[make_gemv(wq, wd, strips, args.threads) for wq, wd in layer_weights(rng, s)] for _ in range(s.layers)]
     caches = [layer_cache(rng, s, args.context, args.kv, bs) for _ in range(s.layers)]
     nblk = -(-args.context // bs)
     table = (rng.permutation(nblk) if args.scatter else np.arange(nblk)).astype(np.int32)
@@ -109,29 +127,16 @@ def main(argv=None) -> int:
     attend = K.attention_q8 if args.kv == "q8" else K.attention_q4
     scale = 1.0 / np.sqrt(s.head_dim)
     kv_bytes = sum(k.nbytes + ks.nbytes + v.nbytes + vs.nbytes for k, ks, v, vs in caches)
-    if strips:
-        w_bytes = sum(ws.nbytes for layer in weights for ws, _ in layer)
-        outs = [np.empty((1, n), np.float32) for _, (n, _) in weights[0]]
-    else:
-        w_bytes = sum(wq.nbytes + wd.nbytes for layer in weights for wq, wd in layer)
-        outs = [np.empty((1, wq.shape[0]), np.float32) for wq, _ in weights[0]]
+    w_bytes = sum(g.nbytes for layer in gemvs for g in layer)
+    outs = [np.empty((1, g.n), np.float32) for g in gemvs[0]]
     attn_out = np.empty_like(q)
-
-    def gemv(w, out):
-        if strips:
-            ws, (n, kk) = w
-            K.gemm_strips(ws, n, kk, False, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
-        else:
-            wq, wd = w
-            kk = wq.shape[1]
-            K.gemm_q8(wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=args.threads)
 
     def step():
         t_gemv = t_attn = 0.0
         for layer in range(s.layers):
             t0 = clock()
-            for w, out in zip(weights[layer], outs):
-                gemv(w, out)
+            for g, out in zip(gemvs[layer], outs):
+                g.run(xq, xd, out)
             t1 = clock()
             k, ks, v, vs = caches[layer]
             attend(q, k, ks, v, vs, table, blockpos, count, qpos, scale, out=attn_out, threads=args.threads)
