@@ -56,6 +56,7 @@ sources = [
     "kernels/x86/avx2_strips.c",
     "kernels/x86/avx_vnni.c",
     "kernels/x86/avx512_vnni.c",
+    "kernels/x86/avx512_attention.c",
     "kernels/arm/neon.c",
     "kernels/arm/neon_attention.c",
     "kernels/kv_store.c",

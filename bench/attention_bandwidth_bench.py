@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/attention_bandwidth_bench.py [--context 4096] [--threads 2] [--repeats 5]
                                                         [--clock wall|cpu] [--kv q8|q4] [--scatter]
+                                                        [--attention-variant NAME|all]
     .venv/bin/python bench/attention_bandwidth_bench.py --shape tiny --repeats 1      # checks the script
 
 Qwen3-0.6B's decode step, kernel by kernel: per layer its four Q8_0 GEMVs (qkv, o, gate_up, down:
@@ -14,7 +15,9 @@ the time other processes held the core; memory stalls still count. The block tab
 order for one sequence (consecutive blocks) unless --scatter.
 The GEMVs run in the layout the engine holds its weights in on this CPU: strips where it packs them
 (appliance/weights/linear.py, `strips_wanted`), which stream faster than rows; `--layout rows` times
-the row layout instead.
+the row layout instead. Attention runs the instantiation the kernels chose for this CPU
+(attention_variant); `--attention-variant all` times every one this CPU runs, taking turns step by
+step, each with its own row and ratio.
 """
 from __future__ import annotations
 
@@ -102,7 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--scatter", action="store_true", help="blocks at random places in the pool")
     ap.add_argument("--layout", choices=["engine", "rows", "strips"], default="engine",
                     help="the GEMVs' weight layout (engine: as the engine holds them on this CPU)")
+    ap.add_argument("--attention-variant", default=None,
+                    help=f"attention instantiation, or all (this CPU: {', '.join(K.attention_variants())})")
     args = ap.parse_args(argv)
+    variants = (K.attention_variants() if args.attention_variant == "all"
+                else [args.attention_variant or K.attention_variant()])
+    for name in variants:
+        if name not in K.attention_variants():
+            ap.error(f"attention variant {name!r} is not one this build and CPU run: "
+                     f"{', '.join(K.attention_variants())}")
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu times the calling thread: use it with --threads 1")
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -111,7 +122,7 @@ def main(argv=None) -> int:
     bs = 32
     strips = args.layout == "strips" or (args.layout == "engine" and strips_wanted())
     print(f"shape {args.shape}: {s.layers} layers, context {args.context}, {args.kv} KV, {args.threads} threads, "
-          f"kernel path {K.kernel_path()}, GEMV weights in {'strips' if strips else 'rows'}, "
+          f"kernel path {K.kernel_path()} (attention {', '.join(variants)}), GEMV weights in {'strips' if strips else 'rows'}, "
           f"load average {os.getloadavg()[0]:.2f}")
     gemvs = [[make_gemv(wq, wd, strips, args.threads) for wq, wd in layer_weights(rng, s)] for _ in range(s.layers)]
     caches = [layer_cache(rng, s, args.context, args.kv, bs) for _ in range(s.layers)]
@@ -144,18 +155,32 @@ def main(argv=None) -> int:
             t_gemv += t1 - t0
         return t_gemv, t_attn
 
-    step()                                     # page faults, the pool's workers
-    times = [step() for _ in range(args.repeats)]
-    gemv = statistics.median(t for t, _ in times)
-    attn = statistics.median(t for _, t in times)
-    gemv_bw, attn_bw = w_bytes / gemv / 1e9, kv_bytes / attn / 1e9
+    default_variant = K.attention_variant()
+    times = {name: [] for name in variants}
+    try:
+        for name in variants:
+            K.set_attention_variant(name)
+            step()                             # page faults, the pool's workers
+        for _ in range(args.repeats):
+            for name in variants:              # in turns, so drift in the machine meets every one
+                K.set_attention_variant(name)
+                times[name].append(step())
+    finally:
+        K.set_attention_variant(default_variant)
+    gemv = statistics.median(t for name in variants for t, _ in times[name])
+    gemv_bw = w_bytes / gemv / 1e9
     print()
-    print(f"{'kind':<10} {'MB read':>9} {'ms/step':>9} {'GB/s':>7}   (median of {args.repeats} steps, {args.clock} clock)")
-    print(f"{'GEMV':<10} {w_bytes / 1e6:>9.1f} {1e3 * gemv:>9.2f} {gemv_bw:>7.2f}")
-    print(f"{'attention':<10} {kv_bytes / 1e6:>9.1f} {1e3 * attn:>9.2f} {attn_bw:>7.2f}")
-    ratio = attn_bw / gemv_bw
+    print(f"{'kind':<24} {'MB read':>9} {'ms/step':>9} {'GB/s':>7}   (median of {args.repeats} steps, {args.clock} clock)")
+    print(f"{'GEMV':<24} {w_bytes / 1e6:>9.1f} {1e3 * gemv:>9.2f} {gemv_bw:>7.2f}")
+    ratios = {}
+    for name in variants:
+        attn = statistics.median(t for _, t in times[name])
+        ratios[name] = kv_bytes / attn / 1e9 / gemv_bw
+        print(f"{'attention ' + name:<24} {kv_bytes / 1e6:>9.1f} {1e3 * attn:>9.2f} {kv_bytes / attn / 1e9:>7.2f}")
     print()
-    print(f"attention bandwidth / GEMV bandwidth: {ratio:.2f} (target >= {TARGET:.2f}: {'MET' if ratio >= TARGET else 'MISSED'})")
+    for name, ratio in ratios.items():
+        print(f"attention ({name}) bandwidth / GEMV bandwidth: {ratio:.2f} "
+              f"(target >= {TARGET:.2f}: {'MET' if ratio >= TARGET else 'MISSED'})")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -158,6 +158,24 @@ int kernel_set_gemm_variant(const char *name)
 #endif
 
 #if !defined(KERNELS_AVX2)
+/* One attention instantiation in this build (x86/avx2_attention.c chooses among two). */
+const char *kernel_attention_variant(void)
+{
+    return kernel_path();
+}
+
+const char *kernel_attention_variants(void)
+{
+    return kernel_path();
+}
+
+int kernel_set_attention_variant(const char *name)
+{
+    return strcmp(name, kernel_path()) == 0 ? 0 : -1;
+}
+#endif
+
+#if !defined(KERNELS_AVX2)
 #include "gemm_strips.h"
 /* Only x86 has strips micro-kernels (x86/avx2.c chooses); elsewhere weights stay in rows. */
 gemm_strips_fn gemm_strips_runner(void)

@@ -304,6 +304,16 @@ const char *kernel_gemm_variant(void);
 const char *kernel_gemm_variants(void);
 int kernel_set_gemm_variant(const char *name);
 
+/* ---- the attention kernels' instantiation ----------------------------------------
+ * On x86 the attention kernels (attention_*_simd) are built twice, for AVX2 and for AVX-512 with
+ * VNNI ("avx2", "avx512-vnni"), the latter run where the CPU has it; both give the same bits.
+ * Elsewhere there is one, named as kernel_path. kernel_attention_variant: the one in use;
+ * kernel_attention_variants: those this build and CPU run, space-separated;
+ * kernel_set_attention_variant: use another (0), or -1 if it is not one of those.             */
+const char *kernel_attention_variant(void);
+const char *kernel_attention_variants(void);
+int kernel_set_attention_variant(const char *name);
+
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */
 int kernel_cpu_supported(void);       /* 1 if this CPU runs the compiled SIMD path (AT_HWCAP / cpuid) */

@@ -165,6 +165,10 @@ cdef extern from "kernels.h" nogil:
     const char *kernel_gemm_variants()
     int kernel_set_gemm_variant(const char *name)
 
+    const char *kernel_attention_variant()
+    const char *kernel_attention_variants()
+    int kernel_set_attention_variant(const char *name)
+
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()
     const char *kernel_cpu_features()

@@ -124,6 +124,24 @@ def set_gemm_variant(str name):
         raise ValueError(f"GEMM variant {name!r} is not one this build and CPU run: {', '.join(gemm_variants())}")
 
 
+def attention_variant():
+    """The instantiation path='simd' attention kernels run: "avx512-vnni" | "avx2" on x86, else as
+    kernel_path() (every one gives the same bits, kernels.h)."""
+    return (<bytes>kernel_attention_variant()).decode()
+
+
+def attention_variants():
+    """The attention instantiations this build and CPU can run (attention_variant's names)."""
+    return (<bytes>kernel_attention_variants()).decode().split()
+
+
+def set_attention_variant(str name):
+    """Run the attention kernels' other instantiation of attention_variants() (tests, benchmarks)."""
+    if kernel_set_attention_variant(name.encode()) != 0:
+        raise ValueError(f"attention variant {name!r} is not one this build and CPU run: "
+                         f"{', '.join(attention_variants())}")
+
+
 def kernel_path():
     """'neon-dotprod' | 'neon' | 'avx2' | 'portable': what path='simd' runs in this build."""
     return (<bytes>c_kernel_path()).decode()

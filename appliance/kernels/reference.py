@@ -320,6 +320,19 @@ def set_gemm_variant(name):
         raise ValueError(f"GEMM variant {name!r} is not one this build and CPU run: rows")
 
 
+def attention_variant():
+    return "numpy"
+
+
+def attention_variants():
+    return ["numpy"]
+
+
+def set_attention_variant(name):
+    if name != "numpy":
+        raise ValueError(f"attention variant {name!r} is not one this build and CPU run: numpy")
+
+
 def cpu_supported():
     return True
 

@@ -101,6 +101,8 @@ def _checks(k, rng):
         err = float(np.max(np.abs(a - b)))
         yield f"attention_{kind}", err <= ATTENTION_ATOL and np.isfinite(a).all(), f"max abs err {err:.1e}"
 
+    yield from _attention_variant_checks(k, queries, kf, vf, table, blockpos, count, qpos, scale)
+
     # Block-sparse attention: the prefill importance kept by the attention pass, and both probes.
     from appliance.kernels.quant import quantize_bound_rows
     (kq, ks), (vq, vs) = quantize_kv_q8(kf), quantize_kv_q8(vf)
@@ -154,6 +156,27 @@ def _gemm_variant_checks(k, rng):
         k.set_gemm_variant(default)
 
 
+def _attention_variant_checks(k, queries, kf, vf, table, blockpos, count, qpos, scale):
+    """Every attention instantiation this CPU runs (attention_variants: AVX2 and AVX-512 on x86)
+    against the active one, bit for bit, on both quantized caches; the active one is restored."""
+    from appliance.kernels.quant import quantize_kv_q4, quantize_kv_q8
+    default = k.attention_variant()
+    cases = []
+    for kind, pack, fn in (("q8", quantize_kv_q8, k.attention_q8), ("q4", quantize_kv_q4, k.attention_q4)):
+        (kq, ks), (vq, vs) = pack(kf), pack(vf)
+        cases.append((kind, lambda fn=fn, c=(kq, ks, vq, vs): fn(queries, *c, table, blockpos, count, qpos, scale)))
+    want = {kind: run() for kind, run in cases}
+    try:
+        for name in k.attention_variants():
+            if name == default:
+                continue
+            k.set_attention_variant(name)
+            same = all(np.array_equal(run().view(np.uint32), want[kind].view(np.uint32)) for kind, run in cases)
+            yield f"attention {name}", same, f"bit-exact with {default}" if same else f"differs from {default}"
+    finally:
+        k.set_attention_variant(default)
+
+
 def selftest_report() -> dict:
     """Run every check; {"ok", "kernel_path", "checks", ...}. Raises ImportError without kernels.
 
@@ -162,7 +185,8 @@ def selftest_report() -> dict:
     wrong after the rollout's selftest (a CPU swap, a changed library) is then still caught.
     """
     from appliance.kernels import _kernels as k
-    report = {"kernel_path": k.kernel_path(), "gemm_variant": k.gemm_variant(), "cpu_features": k.cpu_features(),
+    report = {"kernel_path": k.kernel_path(), "gemm_variant": k.gemm_variant(),
+              "attention_variant": k.attention_variant(), "cpu_features": k.cpu_features(),
               "cpu_supported": bool(k.cpu_supported()), "big_cores": cpu.big_cores(),
               "threads": cpu.default_threads(), "checks": []}
     if not report["cpu_supported"]:
@@ -196,7 +220,8 @@ def _print(report: dict, as_json: bool, problem: str | None, kernels_ok: bool, e
     if as_json:
         print(json.dumps(report))
         return
-    print(f"kernel path : {report['kernel_path']} (GEMM micro-kernel {report['gemm_variant']})")
+    print(f"kernel path : {report['kernel_path']} (GEMM micro-kernel {report['gemm_variant']}, "
+          f"attention {report['attention_variant']})")
     print(f"cpu features: {report['cpu_features'] or '(none found)'}")
     print(f"big cores   : {','.join(map(str, report['big_cores']))}  threads: {report['threads']}")
     for c in report["checks"]:

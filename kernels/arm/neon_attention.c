@@ -1,6 +1,6 @@
 /*
  * NEON attention primitives for the shared one-pass driver (attention_impl.h); the layout
- * of the work follows x86/avx2_attention.c: exact int32 block dots reduced four at a time,
+ * of the work follows x86/attention_avx2.h: exact int32 block dots reduced four at a time,
  * four key rows summed horizontally together, V accumulated for two heads per pass with
  * 32 columns of accumulators per head in registers.
  */

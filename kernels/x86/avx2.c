@@ -1,6 +1,6 @@
 /*
  * AVX2 + FMA + F16C path: quantize, Q8_0/Q4_0 GEMM/GEMV, rmsnorm, rope, silu_mul.
- * (Attention is in avx2_attention.c.) Compiles to nothing without those extensions.
+ * (Attention is in avx2_attention.c and avx512_attention.c.) Compiles to nothing without those extensions.
  */
 #include "../internal.h"
 

@@ -1,343 +1,146 @@
 /*
- * AVX2 attention primitives for the shared one-pass driver (attention_impl.h).
- *
- * Scores: per key row, each 32-block's exact int32 dot stays in eight lanes, converted and scaled
- * by qd_b (x ks_b for q4) lane by lane; eight rows' vectors are then summed horizontally together.
- * V: 32 columns at a time with the accumulators of one or two query heads in registers, every V
- * row converted to float once for both heads.
+ * The attention kernels of kernels.h on x86: the AVX2 instantiation of the x86 primitives
+ * (attention_x86.h), and the *_simd entry points, which run it or the AVX-512 one
+ * (x86/avx512_attention.c) as kernel_attention_variant says.
  */
 #include "../internal.h"
 
 #if defined(KERNELS_AVX2)
-#include <math.h>
-#include "avx2_common.h"
+#define ATTN_NAME(x) x##_avx2
+#include "attention_x86.h"
+#include <string.h>
 
-static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq, float *qd)
+extern __typeof__(attention_q8_avx2) attention_q8_avx512;
+extern __typeof__(attention_q4_avx2) attention_q4_avx512;
+extern __typeof__(attention_f32_avx2) attention_f32_avx512;
+extern __typeof__(attention_importance_avx2) attention_importance_avx512;
+extern __typeof__(attention_batch_avx2) attention_batch_avx512;
+extern __typeof__(attention_probe_avx2) attention_probe_avx512;
+extern __typeof__(attention_probe_bound_avx2) attention_probe_bound_avx512;
+
+/* The instantiations, best first, and whether this CPU runs each. */
+static const char *const attention_names[] = {"avx512-vnni", "avx2"};
+enum { ATTN_AVX512, ATTN_AVX2, ATTN_VARIANTS };
+
+static int attention_cpu_runs(int i)
 {
-    quantize_rows_q8_simd(q, rows, hd, qq, qd);
-    /* qq[1] = |qq[0]|: the unsigned operand of the sign-trick dots, reused for every key row. */
-    int8_t *aq = qq + rows * hd;
-    for (int64_t i = 0; i < rows * hd; i += QK) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qq + i));
-        _mm256_storeu_si256((__m256i *)(aq + i), _mm256_sign_epi8(v, v));
-    }
+    __builtin_cpu_init();
+    return i == ATTN_AVX2 || (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"));
 }
 
-/* One key row against one query head: its block dots as floats, each times its block scale,
- * lane by lane (qd_b, or qd_b * ks[b] with per-block key scales); the caller sums the lanes.
- * No horizontal sum per block: a block's int32 dot is exact in any lane order, and the lanes
- * are added once per row, eight rows together. */
-ALWAYS_INLINE __m256 key_row_dots(const int per_block_ks, const int64_t nb, const int8_t *aq, const int8_t *qg,
-                                  const float *qdg, const int8_t *kr, const float *ksr)
+static int attention_active = -1;   /* chosen at the first call: the best this CPU runs */
+
+static int attention_variant_index(void)
 {
-    __m256 f = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i d = dot_i8_abs(_mm256_loadu_si256((const __m256i *)(aq + b * QK)),
-                                     _mm256_loadu_si256((const __m256i *)(qg + b * QK)),
-                                     _mm256_loadu_si256((const __m256i *)(kr + b * QK)));
-        const __m256 c = _mm256_set1_ps(per_block_ks ? qdg[b] * ksr[b] : qdg[b]);
-        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), c, f);
+    int v = __atomic_load_n(&attention_active, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = attention_cpu_runs(ATTN_AVX512) ? ATTN_AVX512 : ATTN_AVX2;
+        __atomic_store_n(&attention_active, v, __ATOMIC_RELAXED);
     }
-    return f;
+    return v;
 }
 
-/* Scores of query head rows against n int8 key rows k int8[n, hd].
- * q8: s = (sum_b dot_b * qd_b) * (ks[j] * scale)   (ks float[n], one scale per row)
- * q4: s = (sum_b dot_b * (qd_b * ks[j, b])) * scale (ks float[n, nb])
- * Eight rows at a time, their lane sums folded pairwise as they come (hsum8_ps's order), so few
- * vectors are live and none spills. A row's score does not depend on its neighbours: rows past
- * n count as zero vectors, so a key row scores the same in a full group and in a tail. */
-ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, const int8_t *qq,
-                                  const float *qd, int64_t group, int64_t hd, const int8_t *k,
-                                  const float *ks, int64_t n, float scale, float *s, int64_t ld)
+const char *kernel_attention_variant(void)
 {
-    const int8_t *aq_all = qq + group * hd;
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t g = 0; g < group; g++) {
-        const int8_t *qg = qq + g * hd;
-        const int8_t *aq = aq_all + g * hd;
-        const float *qdg = qd + g * nb;
-        for (int64_t j0 = 0; j0 < n; j0 += 8) {
-            const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
-#define ROW(jj) ((jj) < cnt ? key_row_dots(per_block_ks, nb, aq, qg, qdg, k + (j0 + (jj)) * hd, \
-                                           per_block_ks ? ks + (j0 + (jj)) * nb : NULL) : _mm256_setzero_ps())
-            __m256 h0 = _mm256_hadd_ps(ROW(0), ROW(1));
-            h0 = _mm256_hadd_ps(h0, _mm256_hadd_ps(ROW(2), ROW(3)));
-            __m256 h1 = _mm256_hadd_ps(ROW(4), ROW(5));
-            h1 = _mm256_hadd_ps(h1, _mm256_hadd_ps(ROW(6), ROW(7)));
-#undef ROW
-            __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-            float tmp[8];
-            if (per_block_ks) {
-                sums = _mm256_mul_ps(sums, vscale);
-            } else if (cnt == 8) {
-                sums = _mm256_mul_ps(sums, _mm256_mul_ps(_mm256_loadu_ps(ks + j0), vscale));
-            } else {
-                for (int jj = 0; jj < 8; jj++)
-                    tmp[jj] = jj < cnt ? ks[j0 + jj] : 0.0f;
-                sums = _mm256_mul_ps(sums, _mm256_mul_ps(_mm256_loadu_ps(tmp), vscale));
-            }
-            if (cnt == 8) {
-                _mm256_storeu_ps(s + g * ld + j0, sums);
-            } else {
-                _mm256_storeu_ps(tmp, sums);
-                for (int jj = 0; jj < cnt; jj++)
-                    s[g * ld + j0 + jj] = tmp[jj];
-            }
+    return attention_names[attention_variant_index()];
+}
+
+const char *kernel_attention_variants(void)
+{
+    static char buf[64];
+    buf[0] = '\0';
+    for (int i = 0; i < ATTN_VARIANTS; i++) {
+        if (!attention_cpu_runs(i))
+            continue;
+        if (buf[0])
+            strcat(buf, " ");
+        strcat(buf, attention_names[i]);
+    }
+    return buf;
+}
+
+int kernel_set_attention_variant(const char *name)
+{
+    for (int i = 0; i < ATTN_VARIANTS; i++) {
+        if (strcmp(name, attention_names[i]) == 0 && attention_cpu_runs(i)) {
+            __atomic_store_n(&attention_active, i, __ATOMIC_RELAXED);
+            return 0;
         }
     }
+    return -1;
 }
 
-/* head_dim 128 (every Qwen3) and 64 get their block count as a constant: fully unrolled. */
-ALWAYS_INLINE void scores_int8(const int per_block_ks, const int8_t *qq, const float *qd,
-                               int64_t group, int64_t hd, const int8_t *k, const float *ks,
-                               int64_t n, float scale, float *s, int64_t ld)
+/* fn##_avx512 or fn##_avx2, as the active variant says. */
+#define ATTN_CHOSEN(fn) (attention_variant_index() == ATTN_AVX512 ? fn##_avx512 : fn##_avx2)
+
+void attention_q8_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    if (hd == 128)
-        scores_int8_nb(per_block_ks, 4, qq, qd, group, hd, k, ks, n, scale, s, ld);
-    else if (hd == 64)
-        scores_int8_nb(per_block_ks, 2, qq, qd, group, hd, k, ks, n, scale, s, ld);
-    else
-        scores_int8_nb(per_block_ks, hd / QK, qq, qd, group, hd, k, ks, n, scale, s, ld);
+    ATTN_CHOSEN(attention_q8)(q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count, nsel,
+                              table_stride, qpos, scale, out, nthreads);
 }
 
-static void attn_scores_q8(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
-                           const int8_t *k, const float *ks, int64_t n, float scale,
-                           float *s, int64_t ld)
+void attention_q4_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                       const uint8_t *k, const float *ks, const uint8_t *v, const float *vs,
+                       int64_t bs, const int32_t *table, const int32_t *blockpos,
+                       const int32_t *count, int64_t nsel, int64_t table_stride,
+                       const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    scores_int8(0, qq, qd, group, hd, k, ks, n, scale, s, ld);
+    ATTN_CHOSEN(attention_q4)(q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count, nsel,
+                              table_stride, qpos, scale, out, nthreads);
 }
 
-/* Unpack the n rows once into work int8[n, hd], shared by every head of the group. */
-static void attn_scores_q4(const int8_t *qq, const float *qd, int64_t group, int64_t hd,
-                           const uint8_t *k, const float *ks, int64_t n, float scale,
-                           float *s, int64_t ld, int8_t *work)
+void attention_f32_simd(const float *q, int64_t T, int64_t n_kv, int64_t group, int64_t hd,
+                        const float *k, const float *v,
+                        int64_t bs, const int32_t *table, const int32_t *blockpos,
+                        const int32_t *count, int64_t nsel, int64_t table_stride,
+                        const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    const int64_t nblocks = n * (hd / QK);
-    for (int64_t b = 0; b < nblocks; b++)
-        _mm256_storeu_si256((__m256i *)(work + b * QK), unpack_q4_32(k + b * (QK / 2)));
-    scores_int8(1, qq, qd, group, hd, work, ks, n, scale, s, ld);
+    ATTN_CHOSEN(attention_f32)(q, T, n_kv, group, hd, k, v, bs, table, blockpos, count, nsel,
+                               table_stride, qpos, scale, out, nthreads);
 }
 
-/* Scores of `group` query rows against n float key rows k float[n, hd]: s = (q . k) * scale.
- * Tiles of two query rows x two key rows share their loads (eight loads for eight multiply-adds;
- * row by row it was two for one, and the loads bound the loop), four such pairs of keys filling
- * one hsum8_ps. Each pair keeps the arithmetic it had row by row, two chains of eight-lane
- * multiply-adds (columns 0-7 and 8-15 of every 16) added, then its lanes summed: a score has the
- * same bits in any tile, and as before (a q8-weight model's next activations round the same
- * way). Rows and keys past the ends repeat the last one, computed and not stored. */
-static void attn_scores_f32(const float *q, int64_t group, int64_t hd, const float *k, int64_t n,
-                            float scale, float *s, int64_t ld)
+void attention_importance_simd(int kind, const float *q, int64_t T, int64_t n_kv, int64_t group,
+                               int64_t hd, const void *k, const float *ks, const void *v,
+                               const float *vs, int64_t bs, const int32_t *table,
+                               const int32_t *blockpos, const int32_t *count, int64_t nsel,
+                               int64_t table_stride, const int32_t *qpos, float scale,
+                               float *out, float *importance, int64_t n_positions, int nthreads)
 {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t g0 = 0; g0 < group; g0 += 2) {
-        const float *q0 = q + g0 * hd, *q1 = q + (g0 + 1 < group ? g0 + 1 : g0) * hd;
-        for (int64_t j0 = 0; j0 < n; j0 += 4) {
-            __m256 v[8];   /* v[2 * jj + i]: query row g0 + i against key j0 + jj */
-            for (int jp = 0; jp < 4; jp += 2) {
-                const float *k0 = k + (j0 + jp < n ? j0 + jp : n - 1) * hd;
-                const float *k1 = k + (j0 + jp + 1 < n ? j0 + jp + 1 : n - 1) * hd;
-                __m256 a00 = _mm256_setzero_ps(), b00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(),
-                       b01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(), b10 = _mm256_setzero_ps(),
-                       a11 = _mm256_setzero_ps(), b11 = _mm256_setzero_ps();
-                for (int64_t d = 0; d < hd; d += 16) {   /* hd is a multiple of 32 */
-                    const __m256 x0 = _mm256_loadu_ps(q0 + d), x0h = _mm256_loadu_ps(q0 + d + 8);
-                    const __m256 x1 = _mm256_loadu_ps(q1 + d), x1h = _mm256_loadu_ps(q1 + d + 8);
-                    const __m256 c0 = _mm256_loadu_ps(k0 + d), c0h = _mm256_loadu_ps(k0 + d + 8);
-                    const __m256 c1 = _mm256_loadu_ps(k1 + d), c1h = _mm256_loadu_ps(k1 + d + 8);
-                    a00 = _mm256_fmadd_ps(x0, c0, a00);
-                    b00 = _mm256_fmadd_ps(x0h, c0h, b00);
-                    a01 = _mm256_fmadd_ps(x0, c1, a01);
-                    b01 = _mm256_fmadd_ps(x0h, c1h, b01);
-                    a10 = _mm256_fmadd_ps(x1, c0, a10);
-                    b10 = _mm256_fmadd_ps(x1h, c0h, b10);
-                    a11 = _mm256_fmadd_ps(x1, c1, a11);
-                    b11 = _mm256_fmadd_ps(x1h, c1h, b11);
-                }
-                v[2 * jp] = _mm256_add_ps(a00, b00);
-                v[2 * jp + 1] = _mm256_add_ps(a10, b10);
-                v[2 * jp + 2] = _mm256_add_ps(a01, b01);
-                v[2 * jp + 3] = _mm256_add_ps(a11, b11);
-            }
-            float t[8];
-            _mm256_storeu_ps(t, _mm256_mul_ps(hsum8_ps(v), vscale));
-            for (int jj = 0; jj < 4 && j0 + jj < n; jj++)
-                for (int i = 0; i < 2 && g0 + i < group; i++)
-                    s[(g0 + i) * ld + j0 + jj] = t[2 * jj + i];
-        }
-    }
+    ATTN_CHOSEN(attention_importance)(kind, q, T, n_kv, group, hd, k, ks, v, vs, bs, table, blockpos, count,
+                                      nsel, table_stride, qpos, scale, out, importance, n_positions, nthreads);
 }
 
-/* acc[g, d0:d0+32] += sum_j w[g, j] * row_j[d0:d0+32] for gh (1 or 2) heads at once; the
- * `kind` decides how a row's 32 columns become four float vectors. */
-ALWAYS_INLINE void load_row32(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
-                              __m256 f[4])
+void attention_batch_simd(int kind, const float *q, int64_t nseq, const int64_t *seq_rows,
+                          const int64_t *seq_lists, int64_t n_kv, int64_t group, int64_t hd,
+                          const void *k, const float *ks, const void *v, const float *vs, int64_t bs,
+                          const int32_t *table, const int32_t *blockpos, const int32_t *count,
+                          const int32_t *qpos, float scale, float *out, int nthreads)
 {
-    if (kind == KV_Q8) {
-        const int8_t *r = (const int8_t *)v + j * hd + d0;
-        for (int i = 0; i < 4; i++)
-            f[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8 * i))));
-    } else if (kind == KV_Q4) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + d0 / 2));
-        const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);                   /* cols 0..15 */
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), eight); /* 16..31 */
-        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-        f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-        f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    } else {
-        const float *r = (const float *)v + j * hd + d0;
-        for (int i = 0; i < 4; i++)
-            f[i] = _mm256_loadu_ps(r + 8 * i);
-    }
+    ATTN_CHOSEN(attention_batch)(kind, q, nseq, seq_rows, seq_lists, n_kv, group, hd, k, ks, v, vs, bs, table,
+                                 blockpos, count, qpos, scale, out, nthreads);
 }
 
-/* w float[group, ld]: per-row weights, already including the row's scale for q8 and f32;
- * for q4 the block scale vs[j, d0/32] is applied here. */
-ALWAYS_INLINE void accum_heads(const int kind, const int gh, const void *v, const float *vs,
-                               int64_t n, int64_t hd, const float *w0, const float *w1, float *acc0,
-                               float *acc1)
+void attention_probe_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                          int64_t hd, const void *k, const float *ks, int64_t bs, const void *pk,
+                          const float *pks, int64_t pbs, const int32_t *table, const int32_t *count,
+                          int64_t nblocks, int64_t probe, float scale, float *scores, int nthreads)
 {
-    const int64_t nb = hd / QK;
-    for (int64_t d0 = 0; d0 < hd; d0 += QK) {
-        __m256 a[4], b[4];
-        for (int i = 0; i < 4; i++) {
-            a[i] = _mm256_loadu_ps(acc0 + d0 + 8 * i);
-            b[i] = gh == 2 ? _mm256_loadu_ps(acc1 + d0 + 8 * i) : _mm256_setzero_ps();
-        }
-        for (int64_t j = 0; j < n; j++) {
-            __m256 f[4];
-            load_row32(kind, v, j, hd, d0, f);
-            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
-            const __m256 p0 = _mm256_set1_ps(kind == KV_Q4 ? w0[j] * bs : w0[j]);
-            for (int i = 0; i < 4; i++)
-                a[i] = _mm256_fmadd_ps(p0, f[i], a[i]);
-            if (gh == 2) {
-                const __m256 p1 = _mm256_set1_ps(kind == KV_Q4 ? w1[j] * bs : w1[j]);
-                for (int i = 0; i < 4; i++)
-                    b[i] = _mm256_fmadd_ps(p1, f[i], b[i]);
-            }
-        }
-        for (int i = 0; i < 4; i++) {
-            _mm256_storeu_ps(acc0 + d0 + 8 * i, a[i]);
-            if (gh == 2)
-                _mm256_storeu_ps(acc1 + d0 + 8 * i, b[i]);
-        }
-    }
+    ATTN_CHOSEN(attention_probe)(kind, q, R, n_kv, group, hd, k, ks, bs, pk, pks, pbs, table, count, nblocks,
+                                 probe, scale, scores, nthreads);
 }
 
-/* Row j, columns d0..d0+15 (d0 a multiple of 16) as two float vectors. */
-ALWAYS_INLINE void load_row16(const int kind, const void *v, int64_t j, int64_t hd, int64_t d0,
-                              __m256 f[2])
+void attention_probe_bound_simd(int kind, const float *q, int64_t R, int64_t n_kv, int64_t group,
+                                int64_t hd, const void *k, const float *ks, int64_t bs,
+                                const int8_t *bk, const float *bks, const int32_t *table,
+                                const int32_t *count, int64_t nblocks, int64_t ncand, float scale,
+                                float *scores, int nthreads)
 {
-    if (kind == KV_Q8) {
-        const int8_t *r = (const int8_t *)v + j * hd + d0;
-        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)r)));
-        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8))));
-    } else if (kind == KV_Q4) {
-        /* columns 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high ones */
-        __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)v + j * (hd / 2) + (d0 / QK) * (QK / 2)));
-        if (d0 % QK)
-            raw = _mm_srli_epi16(raw, 4);
-        const __m128i x = _mm_sub_epi8(_mm_and_si128(raw, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
-        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
-        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
-    } else {
-        const float *r = (const float *)v + j * hd + d0;
-        f[0] = _mm256_loadu_ps(r);
-        f[1] = _mm256_loadu_ps(r + 8);
-    }
+    ATTN_CHOSEN(attention_probe_bound)(kind, q, R, n_kv, group, hd, k, ks, bs, bk, bks, table, count, nblocks,
+                                       ncand, scale, scores, nthreads);
 }
-
-/* Four rows at once, 16 columns at a time (8 accumulators): every V row is converted to
- * float once for four query rows (a GQA group of 4, or a prefill tile). */
-ALWAYS_INLINE void accum_rows4(const int kind, const void *v, const float *vs, int64_t n, int64_t hd,
-                               const float *w, int64_t ld, float *acc)
-{
-    const int64_t nb = hd / QK;
-    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-        __m256 a[4][2];
-        for (int r = 0; r < 4; r++) {
-            a[r][0] = _mm256_loadu_ps(acc + r * hd + d0);
-            a[r][1] = _mm256_loadu_ps(acc + r * hd + d0 + 8);
-        }
-        for (int64_t j = 0; j < n; j++) {
-            __m256 f[2];
-            load_row16(kind, v, j, hd, d0, f);
-            const float bs = kind == KV_Q4 ? vs[j * nb + d0 / QK] : 1.0f;
-            for (int r = 0; r < 4; r++) {
-                const __m256 pr = _mm256_set1_ps(kind == KV_Q4 ? w[r * ld + j] * bs : w[r * ld + j]);
-                a[r][0] = _mm256_fmadd_ps(pr, f[0], a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(pr, f[1], a[r][1]);
-            }
-        }
-        for (int r = 0; r < 4; r++) {
-            _mm256_storeu_ps(acc + r * hd + d0, a[r][0]);
-            _mm256_storeu_ps(acc + r * hd + d0 + 8, a[r][1]);
-        }
-    }
-}
-
-ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
-    for (; j < n; j++)
-        x[j] *= y[j];
-}
-
-#include "../attention_accum_simd.h"
-
-static float attn_max(const float *s, int64_t n)
-{
-    __m256 m8 = _mm256_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
-    float m = hmax_ps(m8);
-    for (; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    return m;
-}
-
-static float attn_exp_shift(float *s, int64_t n, float m)
-{
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 sum8 = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        sum8 = _mm256_add_ps(sum8, e);
-    }
-    float sum = hsum_ps(sum8);
-    if (j < n) {   /* the tail through the same exp, padded */
-        float t[8];
-        const int cnt = (int)(n - j);
-        for (int i = 0; i < 8; i++)
-            t[i] = i < cnt ? s[j + i] : m;
-        _mm256_storeu_ps(t, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), vm)));
-        for (int i = 0; i < cnt; i++) {
-            s[j + i] = t[i];
-            sum += t[i];
-        }
-    }
-    return sum;
-}
-
-static void attn_scale(float *x, int64_t n, float r)
-{
-    const __m256 vr = _mm256_set1_ps(r);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vr));
-    for (; i < n; i++)
-        x[i] *= r;
-}
-
-#define ATTN_NAME(x) x##_simd
-#include "../attention_impl.h"
-
 #endif /* KERNELS_AVX2 */

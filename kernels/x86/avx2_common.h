@@ -1,4 +1,4 @@
-/* AVX2 + FMA + F16C building blocks shared by x86/avx2.c and x86/avx2_attention.c. */
+/* AVX2 + FMA + F16C building blocks shared by x86/avx2.c and the x86 attention (x86/attention_x86.h). */
 #ifndef APPLIANCE_AVX2_COMMON_H
 #define APPLIANCE_AVX2_COMMON_H
 #include <immintrin.h>

@@ -26,7 +26,8 @@ KERNELS = REPO / "kernels"
 # Functions of the compiled module that say what the build is or set its threads: not kernels.
 NOT_KERNELS = {"set_threads", "get_threads", "last_threads", "kernel_path", "cpu_supported", "cpu_features",
                "pool_stats", "pool_hold_workers", "pool_set_spin_us", "pool_stall_workers", "pool_late_workers",
-               "gemm_variant", "gemm_variants", "set_gemm_variant", "strips_fast"}
+               "gemm_variant", "gemm_variants", "set_gemm_variant", "strips_fast",
+               "attention_variant", "attention_variants", "set_attention_variant"}
 
 
 def _c_type(text: str) -> str:
