@@ -45,6 +45,13 @@ ALWAYS_INLINE void key_row_dots2(const int per_block_ks, const int64_t nb, const
     }
 }
 
+/* hsum8_ps of eight vectors from their pairwise hadds p[i] = hadd(v[2i], v[2i + 1]): the same bits. */
+ALWAYS_INLINE __m256 hsum8_pairs(const __m256 p[4])
+{
+    const __m256 a = _mm256_hadd_ps(p[0], p[1]), b = _mm256_hadd_ps(p[2], p[3]);
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
 /* Query heads g, g+1 (gh = 2) or g alone against n key rows, eight rows at a time, each head's
  * eight lane vectors summed as AVX2 sums them (hsum8_ps). */
 ALWAYS_INLINE void scores_heads(const int per_block_ks, const int64_t nb, const int gh, const int8_t *qq,
@@ -57,18 +64,24 @@ ALWAYS_INLINE void scores_heads(const int per_block_ks, const int64_t nb, const 
     const float *const qdg[2] = {qd + g * nb, qd + (g + gh - 1) * nb};
     for (int64_t j0 = 0; j0 < n; j0 += 8) {
         const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
-        __m256 r0[8], r1[8];
-        for (int jj = 0; jj < 8; jj++) {
-            __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-            if (jj < cnt)
-                key_row_dots2(per_block_ks, nb, gh, k + (j0 + jj) * hd, per_block_ks ? ks + (j0 + jj) * nb : NULL,
-                              q, st, qdg, f);
-            r0[jj] = f[0];
-            r1[jj] = f[1];
+        /* Rows in pairs, each pair's lane vectors added at once (hsum8_ps's first step), so few
+         * vectors are live: the eight rows' vectors of two heads would not fit the registers. */
+        __m256 p0[4], p1[4];
+        for (int pr = 0; pr < 4; pr++) {
+            __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256 b[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            const int64_t j = j0 + 2 * pr;
+            if (2 * pr < cnt)
+                key_row_dots2(per_block_ks, nb, gh, k + j * hd, per_block_ks ? ks + j * nb : NULL, q, st, qdg, a);
+            if (2 * pr + 1 < cnt)
+                key_row_dots2(per_block_ks, nb, gh, k + (j + 1) * hd, per_block_ks ? ks + (j + 1) * nb : NULL,
+                              q, st, qdg, b);
+            p0[pr] = _mm256_hadd_ps(a[0], b[0]);
+            p1[pr] = _mm256_hadd_ps(a[1], b[1]);
         }
-        scores8_store(per_block_ks, hsum8_ps(r0), ks, j0, cnt, vscale, s + g * ld);
+        scores8_store(per_block_ks, hsum8_pairs(p0), ks, j0, cnt, vscale, s + g * ld);
         if (gh == 2)
-            scores8_store(per_block_ks, hsum8_ps(r1), ks, j0, cnt, vscale, s + (g + 1) * ld);
+            scores8_store(per_block_ks, hsum8_pairs(p1), ks, j0, cnt, vscale, s + (g + 1) * ld);
     }
 }
 
