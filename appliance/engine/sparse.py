@@ -65,9 +65,9 @@ class SparseAttention(ExactAttention):
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch) -> np.ndarray:
         out = np.empty(q.shape, np.float32)
+        self.write_step(layer, k, v, batch, lists=False)
         for seg in batch.segments:
             rows = slice(seg.row_start, seg.row_end)
-            self.cache.write(layer, seg.blocks, seg.pos_start, k[rows], v[rows])
             if seg.prefill:
                 self._prefill(layer, q[rows], seg, out[rows])
             elif seg.row_end - seg.row_start == 1:
