@@ -173,9 +173,7 @@ int kernel_set_attention_variant(const char *name)
 {
     return strcmp(name, kernel_path()) == 0 ? 0 : -1;
 }
-#endif
 
-#if !defined(KERNELS_AVX2)
 #include "gemm_strips.h"
 /* Only x86 has strips micro-kernels (x86/avx2.c chooses); elsewhere weights stay in rows. */
 gemm_strips_fn gemm_strips_runner(void)

@@ -57,13 +57,10 @@ ALWAYS_INLINE void scores_int8_nb(const int per_block_ks, const int64_t nb, cons
             const int cnt = n - j0 < 8 ? (int)(n - j0) : 8;
 #define ROW(jj) ((jj) < cnt ? key_row_dots(per_block_ks, nb, aq, qg, qdg, k + (j0 + (jj)) * hd, \
                                            per_block_ks ? ks + (j0 + (jj)) * nb : NULL) : _mm256_setzero_ps())
-            __m256 h0 = _mm256_hadd_ps(ROW(0), ROW(1));
-            h0 = _mm256_hadd_ps(h0, _mm256_hadd_ps(ROW(2), ROW(3)));
-            __m256 h1 = _mm256_hadd_ps(ROW(4), ROW(5));
-            h1 = _mm256_hadd_ps(h1, _mm256_hadd_ps(ROW(6), ROW(7)));
+            const __m256 p[4] = {_mm256_hadd_ps(ROW(0), ROW(1)), _mm256_hadd_ps(ROW(2), ROW(3)),
+                                 _mm256_hadd_ps(ROW(4), ROW(5)), _mm256_hadd_ps(ROW(6), ROW(7))};
 #undef ROW
-            const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-            scores8_store(per_block_ks, sums, ks, j0, cnt, vscale, s + g * ld);
+            scores8_store(per_block_ks, hsum8_pairs(p), ks, j0, cnt, vscale, s + g * ld);
         }
     }
 }

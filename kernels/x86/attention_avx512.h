@@ -45,13 +45,6 @@ ALWAYS_INLINE void key_row_dots2(const int per_block_ks, const int64_t nb, const
     }
 }
 
-/* hsum8_ps of eight vectors from their pairwise hadds p[i] = hadd(v[2i], v[2i + 1]): the same bits. */
-ALWAYS_INLINE __m256 hsum8_pairs(const __m256 p[4])
-{
-    const __m256 a = _mm256_hadd_ps(p[0], p[1]), b = _mm256_hadd_ps(p[2], p[3]);
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
 /* Query heads g, g+1 (gh = 2) or g alone against n key rows, eight rows at a time, each head's
  * eight lane vectors summed as AVX2 sums them (hsum8_ps). */
 ALWAYS_INLINE void scores_heads(const int per_block_ks, const int64_t nb, const int gh, const int8_t *qq,

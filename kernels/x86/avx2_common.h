@@ -58,12 +58,20 @@ ALWAYS_INLINE __m128i reduce4_block_i32(__m256i a, __m256i b, __m256i c, __m256i
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* hsum8_ps of eight vectors v from their pairwise hadds p[i] = hadd(v[2i], v[2i + 1]), for callers
+ * that add pairs as they come (fewer live vectors): the same bits. */
+ALWAYS_INLINE __m256 hsum8_pairs(const __m256 p[4])
+{
+    const __m256 a = _mm256_hadd_ps(p[0], p[1]), b = _mm256_hadd_ps(p[2], p[3]);
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
 /* Eight float[8] vectors -> their eight horizontal sums, in order. */
 ALWAYS_INLINE __m256 hsum8_ps(const __m256 v[8])
 {
-    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    const __m256 p[4] = {_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]), _mm256_hadd_ps(v[4], v[5]),
+                         _mm256_hadd_ps(v[6], v[7])};
+    return hsum8_pairs(p);
 }
 
 /* 16 bytes of Q4_0 nibbles -> 32 uint8 in [0, 15], element order (low nibbles first). */
