@@ -37,21 +37,43 @@ static inline int64_t kv_row_scales(int kind, int64_t hd)
     return kind == KV_Q4 ? hd / QK : kind == KV_Q8 ? 1 : 0;
 }
 
+/* Ask for rows row0 .. row0+n-1 of a cache array and their scales, into L1 (to_l2 0) or L2 (1).
+ * __builtin_prefetch wants its locality as a constant: callers pass a literal, and inlining
+ * keeps one branch. */
+static inline __attribute__((always_inline)) void prefetch_kv_rows(int kind, const void *kv, const float *scales,
+                                                                   int64_t row0, int64_t n, int64_t hd, int to_l2)
+{
+    const int64_t row_bytes = kv_row_bytes(kind, hd);
+    const char *p = (const char *)kv + row0 * row_bytes;
+    const char *sp = scales != NULL ? (const char *)(scales + row0 * kv_row_scales(kind, hd)) : NULL;
+    const int64_t scale_bytes = sp != NULL ? n * kv_row_scales(kind, hd) * (int64_t)sizeof(float) : 0;
+    for (int64_t off = 0; off < n * row_bytes; off += 64) {
+        if (to_l2)
+            __builtin_prefetch(p + off, 0, 2);
+        else
+            __builtin_prefetch(p + off);
+    }
+    for (int64_t off = 0; off < scale_bytes; off += 64) {
+        if (to_l2)
+            __builtin_prefetch(sp + off, 0, 2);
+        else
+            __builtin_prefetch(sp + off);
+    }
+}
+
 /* Block tables are scattered over the cache, so no hardware prefetcher can guess the next
  * slab: ask for its K and V rows while the current one is computed. */
 static inline void prefetch_rows(int kind, const void *kv, const float *scales, int64_t row0,
                                  int64_t bs, int64_t hd)
 {
-    const int64_t row_bytes = kv_row_bytes(kind, hd);
-    const char *p = (const char *)kv + row0 * row_bytes;
-    for (int64_t off = 0; off < bs * row_bytes; off += 64)
-        __builtin_prefetch(p + off);
-    if (scales != NULL) {
-        const int64_t per_row = kv_row_scales(kind, hd);
-        const char *sp = (const char *)(scales + row0 * per_row);
-        for (int64_t off = 0; off < bs * per_row * (int64_t)sizeof(float); off += 64)
-            __builtin_prefetch(sp + off);
-    }
+    prefetch_kv_rows(kind, kv, scales, row0, bs, hd, 0);
+}
+
+/* The same into L2, for a slab needed a while later. */
+static inline void prefetch_rows_l2(int kind, const void *kv, const float *scales, int64_t row0,
+                                    int64_t n, int64_t hd)
+{
+    prefetch_kv_rows(kind, kv, scales, row0, n, hd, 1);
 }
 
 /* One unit's importance: contrib[i*bs + j] = sum over its rows r of the final softmax weight of

@@ -64,6 +64,20 @@ static inline int probe_threads(int nthreads, int64_t n_kv, int64_t scanned)
     return nt > n_kv ? (int)n_kv : nt;
 }
 
+/* How far ahead the bound probe asks for memory: stage 1 in blocks (their 2 bound rows), stage 2
+ * in candidates (their K rows). */
+#define BOUND_PREFETCH_AHEAD 8
+#define PROBE_PREFETCH_AHEAD 2
+
+/* dst = src, hd int8 (a multiple of QK): in QK-byte pieces of a constant size, which the compiler
+ * turns into vector moves; a memcpy of hd bytes was a libc call per row, a quarter of stage 1's
+ * time when its rows are in cache. */
+static inline void copy_row_q8(int8_t *dst, const int8_t *src, int64_t hd)
+{
+    for (int64_t o = 0; o < hd; o += QK)
+        memcpy(dst + o, src + o, QK);
+}
+
 /* Start kv head h: gather its query rows of q float[R, n_kv*group, hd] into qf float[R*group, hd].
  * Without scratch (qf NULL: out of memory) its scores are NaN instead, not a crash, and 0 says
  * to skip the head. */
@@ -230,16 +244,24 @@ static void ATTN_NAME(probe_head_bound)(void *ctx, int64_t h, int participant)
         attn_quantize_q(qf, rows, hd, qq, qd);
 
     /* Stage 1: the full blocks' bound rows side by side, scored in one call per part (a
-     * call per block cost more than the dots: 2 rows is too short a slab). */
+     * call per block cost more than the dots: 2 rows is too short a slab). Gathered with the
+     * rows BOUND_PREFETCH_AHEAD blocks on already asked for (28 layers cold at 8192, stage 1
+     * alone: 2.67 -> 2.29 ms). */
     int64_t nfull = 0;
     for (int64_t i = 0; i < nblocks; i++) {
+        if (i + BOUND_PREFETCH_AHEAD < nblocks && count[i + BOUND_PREFETCH_AHEAD] == bs) {
+            const int64_t ahead = ((int64_t)table[i + BOUND_PREFETCH_AHEAD] * n_kv + h) * 2;
+            for (int64_t off = 0; off < 2 * hd; off += 64)
+                __builtin_prefetch(j->bk + ahead * hd + off);
+            __builtin_prefetch(j->bks + ahead);
+        }
         mark[i] = 0;
         bound[i] = -INFINITY;
         if (count[i] != bs)
             continue;
         const int64_t slab = ((int64_t)table[i] * n_kv + h) * 2;
-        memcpy(hi + nfull * hd, j->bk + slab * hd, (size_t)hd);
-        memcpy(lo + nfull * hd, j->bk + (slab + 1) * hd, (size_t)hd);
+        copy_row_q8(hi + nfull * hd, j->bk + slab * hd, hd);
+        copy_row_q8(lo + nfull * hd, j->bk + (slab + 1) * hd, hd);
         his[nfull] = j->bks[slab];
         los[nfull] = j->bks[slab + 1];
         full[nfull++] = i;
@@ -258,17 +280,31 @@ static void ATTN_NAME(probe_head_bound)(void *ctx, int64_t h, int participant)
         mark_best(bound, NULL, nblocks, ncand < nfull ? ncand : nfull, mark, tmp);
     }
 
-    /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. */
+    /* Stage 2: the exact max over every row of the candidates and of blocks not yet full. The
+     * candidates lie scattered over the cache, few of them adjacent, so no hardware prefetcher
+     * sees them coming: the K rows of the one after next are asked into L2 while this one is
+     * scored (28 layers cold, 32 candidates: 3.07 -> 2.49 ms at 2048, 4.73 -> 4.43 at 8192;
+     * one ahead into L2 measured the same, one ahead into L1 and all of them at once less). */
+    int64_t nlist = 0;
     for (int64_t i = 0; i < nblocks; i++) {
+        j->scores[h * nblocks + i] = -INFINITY;
+        if ((mark[i] || count[i] != bs) && count[i] > 0)
+            full[nlist++] = i;            /* stage 1 is done with it: now the blocks to score */
+    }
+    for (int64_t x = 0; x < nlist && x < PROBE_PREFETCH_AHEAD; x++)
+        prefetch_rows_l2(kind, j->k, j->ks, ((int64_t)table[full[x]] * n_kv + h) * bs, count[full[x]], hd);
+    for (int64_t x = 0; x < nlist; x++) {
+        const int64_t i = full[x], n = count[i];
+        if (x + PROBE_PREFETCH_AHEAD < nlist) {
+            const int64_t ahead = full[x + PROBE_PREFETCH_AHEAD];
+            prefetch_rows_l2(kind, j->k, j->ks, ((int64_t)table[ahead] * n_kv + h) * bs, count[ahead], hd);
+        }
         float best = -INFINITY;
-        const int64_t n = count[i];
-        if ((mark[i] || n != bs) && n > 0) {
-            ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, j->k, j->ks, ((int64_t)table[i] * n_kv + h) * bs,
-                                  n, j->scale, s, ld, work);
-            for (int64_t r = 0; r < rows; r++) {
-                const float v = attn_max(s + r * ld, n);
-                best = v > best ? v : best;
-            }
+        ATTN_NAME(probe_rows)(kind, qq, qd, qf, rows, hd, j->k, j->ks, ((int64_t)table[i] * n_kv + h) * bs, n,
+                              j->scale, s, ld, work);
+        for (int64_t r = 0; r < rows; r++) {
+            const float v = attn_max(s + r * ld, n);
+            best = v > best ? v : best;
         }
         j->scores[h * nblocks + i] = best;
     }
