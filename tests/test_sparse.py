@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from appliance import Engine
-from appliance.engine.sparse import SparseConfig, block_importance, select_blocks
+from appliance.engine.sparse import SparseAttention, SparseConfig, block_importance, select_blocks
 
 
 def chosen(mask: np.ndarray) -> list[list[int]]:
@@ -54,6 +54,27 @@ def test_heads_choose_independently_and_deterministically():
 def test_gate():
     cfg = SparseConfig(k=4, block=32, probe=8)
     assert not cfg.active(64) and cfg.active(65)
+    # decode chooses k blocks only once there are more than 2k to choose from
+    assert not cfg.decodes_sparse(256, 8) and cfg.decodes_sparse(257, 9)
+    assert not cfg.decodes_sparse(64, 9)
+
+
+@pytest.mark.parametrize("prompt_len, probes", [(200, False), (300, True)])
+def test_decode_probes_only_past_twice_k_blocks(tiny_qwen3_dir, monkeypatch, prompt_len, probes):
+    """k = 4: a 200-token context (7 blocks) decodes with exact attention, no probe; at 300
+    tokens (10 blocks) every layer probes."""
+    engine = Engine.load(tiny_qwen3_dir, weights="q8", kv="q8", progress=False,
+                         sparse={"k": 4, "block": 32, "probe": 8})
+    seq = engine.start([int(t) for t in np.random.default_rng(6).integers(3, 400, size=prompt_len)],
+                       engine.sampling_params(max_tokens=3, temperature=0.0, ignore_eos=True))
+    engine.prefill(seq)
+    calls = []
+    probe = SparseAttention._probe
+    monkeypatch.setattr(SparseAttention, "_probe", lambda self, *a: calls.append(1) or probe(self, *a))
+    while not seq.done:
+        engine.decode([seq])
+    engine.release(seq)
+    assert len(calls) == (2 * engine.config.num_hidden_layers if probes else 0)
 
 
 def test_block_importance_sums_tokens():

@@ -19,8 +19,8 @@ block is still read once per group):
   4. recency: the block holding the current position replaces the lowest-scoring
      probe-selected block if it was not chosen (reserved blocks are never displaced);
   5. exact attention over the chosen blocks only (softmax renormalized over them).
-Gate: only when seq_len > 2 * block; with no more blocks than k every block is chosen,
-which is exact attention, so the probe is skipped.
+Gate: only when seq_len > 2 * block. Decode also keeps exact attention until the context holds
+more than 2k blocks (SparseConfig.decodes_sparse): before that choosing k blocks reads no less.
 
 Prefill works on query chunks of one KV block each: a chunk keeps its own block and
 the previous one, and fills the rest of its k by probing with the chunk's mean query.
@@ -84,7 +84,7 @@ class SparseAttention(ExactAttention):
     def _decode(self, layer: int, q: np.ndarray, seg: Segment, out: np.ndarray) -> None:
         nb = len(seg.table)
         seq_len = int(seg.qpos[-1]) + 1
-        if not self.config.active(seq_len) or nb <= self.config.k:
+        if not self.config.decodes_sparse(seq_len, nb):
             self.attend(layer, q, seg, out, seg.table, seg.blockpos, seg.count)
             return
         scores = self._probe(layer, np.ascontiguousarray(q), seg.table, seg.count)
