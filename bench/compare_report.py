@@ -38,7 +38,11 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
     lines.append(f"Qwen3-0.6B-shaped random checkpoint, {meta['threads']} threads, "
                  f"decode = median of {meta['gen']} steps, {meta['machine']}")
     if ours and "error" not in ours:
-        lines.append(f"ours: weights {ours['weights']}, KV {ours['kv']}, kernels {ours['kernel_path']}")
+        variants = ", ".join(f"{part} {ours[key]}" for part, key in (("GEMM", "gemm_variant"),
+                                                                      ("attention", "attention_variant"))
+                             if ours.get(key))        # older result files lack them
+        lines.append(f"ours: weights {ours['weights']}, KV {ours['kv']}, kernels {ours['kernel_path']}"
+                     + (f" ({variants})" if variants else ""))
     if ref and "error" not in ref:
         lines.append(f"llama.cpp {ref.get('llama_cpp_version')} (llama-cpp-python): GGUF Q8_0, "
                      f"KV {ref['kv']}, flash attention {'on' if ref['flash_attn'] else 'off'}; {ref['amx']}")

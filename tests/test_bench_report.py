@@ -63,3 +63,11 @@ def test_a_failed_run_is_reported_not_hidden():
                      {"error": "worker ours failed with exit code 1"})
     assert "NOT MEASURED: llama-cpp-python is not installed" in text
     assert "ours sparse: NOT MEASURED" in text
+
+
+def test_the_header_names_the_gemm_and_attention_variants_when_the_run_recorded_them():
+    ms, attn = {128: 40.0, 2048: 60.0, 4096: 70.0, 8192: 60.0}, {n: 1.0 for n in CONTEXTS}
+    text, _ = report(_ours(ms, attn, gemm_variant="avx512-vnni", attention_variant="avx2"), LLAMA, CONTEXTS, META)
+    assert "ours: weights q8, KV q8, kernels avx2 (GEMM avx512-vnni, attention avx2)" in text.splitlines()
+    text, _ = report(_ours(ms, attn), LLAMA, CONTEXTS, META)          # a result file from before
+    assert "ours: weights q8, KV q8, kernels avx2" in text.splitlines()
