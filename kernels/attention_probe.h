@@ -249,12 +249,9 @@ static void ATTN_NAME(probe_head_bound)(void *ctx, int64_t h, int participant)
      * alone: 2.67 -> 2.29 ms). */
     int64_t nfull = 0;
     for (int64_t i = 0; i < nblocks; i++) {
-        if (i + BOUND_PREFETCH_AHEAD < nblocks && count[i + BOUND_PREFETCH_AHEAD] == bs) {
-            const int64_t ahead = ((int64_t)table[i + BOUND_PREFETCH_AHEAD] * n_kv + h) * 2;
-            for (int64_t off = 0; off < 2 * hd; off += 64)
-                __builtin_prefetch(j->bk + ahead * hd + off);
-            __builtin_prefetch(j->bks + ahead);
-        }
+        if (i + BOUND_PREFETCH_AHEAD < nblocks && count[i + BOUND_PREFETCH_AHEAD] == bs)
+            /* the bound rows are q8 rows with a scale each: the block's two, and their scales */
+            prefetch_rows(KV_Q8, j->bk, j->bks, ((int64_t)table[i + BOUND_PREFETCH_AHEAD] * n_kv + h) * 2, 2, hd);
         mark[i] = 0;
         bound[i] = -INFINITY;
         if (count[i] != bs)
