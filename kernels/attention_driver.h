@@ -19,10 +19,15 @@
 
 #define ATTN_QTILE 4   /* queries per work unit */
 #define ATTN_MAX_GROUP 64   /* query heads per kv head (Qwen3: 2 to 8) */
-/* Listed blocks one unit scans: a longer list (decode past 1024 positions at blocks of 32) is
- * cut into parts that threads scan side by side, merged in part order. The cut depends on the list
- * alone, never on the threads or the other queries, so decode and prefill agree bit for bit. */
-#define ATTN_SPLIT_BLOCKS 32
+/* A list of listed blocks is cut into parts that threads scan side by side, merged in part order:
+ * ATTN_SPLIT_PARTS parts of at least ATTN_SPLIT_MIN and at most ATTN_SPLIT_MAX blocks (attn_split).
+ * The cut depends on the list's length alone, never on the threads or the other queries, so decode
+ * and prefill agree bit for bit. Parts, not head ranges, give a decode step its parallelism: a unit
+ * then walks every kv head of its blocks, whose slabs lie side by side, so K and V stream in memory
+ * order (attn_locate). */
+#define ATTN_SPLIT_PARTS 4
+#define ATTN_SPLIT_MIN 8
+#define ATTN_SPLIT_MAX 32
 /* K and V a unit of a many-query call may read, about half a core's L2 (A76: 512 KB). */
 #define ATTN_UNIT_CACHE_BYTES (256 * 1024)
 
@@ -35,6 +40,13 @@ static inline int64_t kv_row_bytes(int kind, int64_t hd)
 static inline int64_t kv_row_scales(int kind, int64_t hd)
 {
     return kind == KV_Q4 ? hd / QK : kind == KV_Q8 ? 1 : 0;
+}
+
+/* Listed blocks a part of a list of nsel blocks scans (attn_seq.split). */
+static inline int64_t attn_split(int64_t nsel)
+{
+    const int64_t per = (nsel + ATTN_SPLIT_PARTS - 1) / ATTN_SPLIT_PARTS;
+    return per < ATTN_SPLIT_MIN ? ATTN_SPLIT_MIN : per > ATTN_SPLIT_MAX ? ATTN_SPLIT_MAX : per;
 }
 
 /* Ask for rows row0 .. row0+n-1 of a cache array and their scales, into L1 (to_l2 0) or L2 (1).
@@ -140,12 +152,13 @@ static unsigned char *ATTN_NAME(attention_scratch)(struct attn_buffers *b, int64
 }
 
 /* One sequence of a call, as the driver cuts it into units: a unit is a tile of up to ATTN_QTILE
- * of its queries x a range of kv heads x one part of their block lists (ATTN_SPLIT_BLOCKS listed
- * blocks; long lists are scanned in parts by several threads and the parts merged). */
+ * of its queries x a range of kv heads x one part of their block lists (attn_split listed blocks;
+ * long lists are scanned in parts by several threads and the parts merged). */
 struct attn_seq {
     int64_t row0, T;              /* its queries: rows row0 .. row0+T-1 of q, out and qpos */
     int64_t list0, nsel, stride;  /* kv head h lists entries list0 + h*stride + 0 .. nsel-1 */
     int64_t qtile, ntiles, nsplits;
+    int64_t split;                /* listed blocks a part (the last part: what is left) */
     int64_t unit0, group0;        /* its first unit; its first (tile, head) pair */
     int64_t part0;                /* its first float of the parts buffer */
 };
@@ -252,8 +265,8 @@ static inline void attn_locate(const struct attn_job *j, int64_t unit, struct at
     u->t0 = t1 - sq->qtile > 0 ? t1 - sq->qtile : 0;
     u->qt = t1 - u->t0;
     u->rows = u->qt * j->group;
-    u->i0 = u->part * ATTN_SPLIT_BLOCKS;
-    u->i1 = u->i0 + ATTN_SPLIT_BLOCKS < sq->nsel ? u->i0 + ATTN_SPLIT_BLOCKS : sq->nsel;
+    u->i0 = u->part * sq->split;
+    u->i1 = u->i0 + sq->split < sq->nsel ? u->i0 + sq->split : sq->nsel;
 }
 
 /* Output row r of kv head h for a unit at query t0. */
@@ -453,7 +466,8 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
         sq->stride = seq_lists[3 * si + 2];
         sq->qtile = sq->T < ATTN_QTILE ? sq->T : ATTN_QTILE;
         sq->ntiles = sq->T > 0 ? (sq->T + sq->qtile - 1) / sq->qtile : 0;
-        sq->nsplits = keep || sq->nsel <= ATTN_SPLIT_BLOCKS ? 1 : (sq->nsel + ATTN_SPLIT_BLOCKS - 1) / ATTN_SPLIT_BLOCKS;
+        sq->split = keep ? (sq->nsel > 0 ? sq->nsel : 1) : attn_split(sq->nsel);
+        sq->nsplits = sq->nsel <= sq->split ? 1 : (sq->nsel + sq->split - 1) / sq->split;
         if (sq->nsel <= 0)
             sq->ntiles = 0;   /* nothing listed: zeros (below), no units */
         sq->group0 = npairs;
@@ -470,12 +484,14 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
      * step at 32, 0.94-1.12 against 1.39-1.47 at 128 (Zen 4; the limit was 2048 rows). */
     if (scanned < ATTN_PARALLEL_MIN_ROWS)
         nt = 1;
-    /* kv heads per unit: as many as still leave two units a thread (all of them in a long decode
-     * step on few cores; longer runs of slabs in memory order beat finer balance: 0.67 of the
-     * GEMVs' bandwidth at two units a thread, 0.59 at four, docs/performance.md), one when keeping
-     * importance. A head's arithmetic is the same in any unit, so the results do not depend on
-     * this choice (nor on the threads). */
-    const int64_t want = 2 * (int64_t)nt;   /* tile_parts: units of one head range */
+    /* kv heads per unit: as many as still leave a unit a thread (every head once the list has a
+     * part a thread: from 8 listed blocks a thread on, attn_split), one when keeping importance. A
+     * unit walking every head streams K and V in memory order, which beats finer balance: cold, 28
+     * layers, Zen 4, 2 threads, one decode query, two units a thread of 4 heads against a unit a
+     * thread of 8 heads over 4 parts took 3.71 -> 2.52 ms at 1024 positions, 6.13 -> 4.70 at 2048,
+     * 9.07 -> 6.87 at 3072 (docs/performance.md). A head's arithmetic is the same in any unit, so
+     * the results do not depend on this choice (nor on the threads). */
+    const int64_t want = (int64_t)nt;   /* tile_parts: units of one head range */
     int64_t ranges = keep ? n_kv : tile_parts >= want ? 1 : (want + tile_parts - 1) / (tile_parts > 0 ? tile_parts : 1);
     if (!keep && Tmax > ATTN_QTILE) {
         /* Several query tiles read the same slabs (prefill, an image's patches): a unit's heads
@@ -483,7 +499,7 @@ static void ATTN_NAME(attention_run)(int kind, const float *q, int64_t nseq, con
          * heads, taken next from the pool's counter, finds them in this core's cache. All heads a
          * unit read 6.4 MB a tile for a 784-patch image, streamed again by each of its 196 tiles. */
         const int64_t kv_row = kv_row_bytes(kind, hd) + kv_row_scales(kind, hd) * (int64_t)sizeof(float);
-        const int64_t blocks = nsel_max < ATTN_SPLIT_BLOCKS ? nsel_max : ATTN_SPLIT_BLOCKS;
+        const int64_t split = attn_split(nsel_max), blocks = nsel_max < split ? nsel_max : split;
         const int64_t per_head = 2 * blocks * bs * kv_row;
         const int64_t fit = per_head > 0 && ATTN_UNIT_CACHE_BYTES / per_head > 1 ? ATTN_UNIT_CACHE_BYTES / per_head : 1;
         const int64_t need = (n_kv + fit - 1) / fit;
