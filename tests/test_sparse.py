@@ -54,15 +54,15 @@ def test_heads_choose_independently_and_deterministically():
 def test_gate():
     cfg = SparseConfig(k=4, block=32, probe=8)
     assert not cfg.active(64) and cfg.active(65)
-    # decode chooses k blocks only once there are more than 2k to choose from
-    assert not cfg.decodes_sparse(256, 8) and cfg.decodes_sparse(257, 9)
-    assert not cfg.decodes_sparse(64, 9)
+    # decode chooses k blocks only once there are more than 3k to choose from
+    assert not cfg.decodes_sparse(384, 12) and cfg.decodes_sparse(385, 13)
+    assert not cfg.decodes_sparse(64, 13)
 
 
-@pytest.mark.parametrize("prompt_len, probes", [(200, False), (300, True)])
-def test_decode_probes_only_past_twice_k_blocks(tiny_qwen3_dir, monkeypatch, prompt_len, probes):
-    """k = 4: a 200-token context (7 blocks) decodes with exact attention, no probe; at 300
-    tokens (10 blocks) every layer probes."""
+@pytest.mark.parametrize("prompt_len, probes", [(330, False), (400, True)])
+def test_decode_probes_only_past_three_times_k_blocks(tiny_qwen3_dir, monkeypatch, prompt_len, probes):
+    """k = 4: a 330-token context (11 blocks) decodes with exact attention, no probe; at 400
+    tokens (13 blocks) every layer probes."""
     engine = Engine.load(tiny_qwen3_dir, weights="q8", kv="q8", progress=False,
                          sparse={"k": 4, "block": 32, "probe": 8})
     seq = engine.start([int(t) for t in np.random.default_rng(6).integers(3, 400, size=prompt_len)],

@@ -20,7 +20,7 @@ block is still read once per group):
      probe-selected block if it was not chosen (reserved blocks are never displaced);
   5. exact attention over the chosen blocks only (softmax renormalized over them).
 Gate: only when seq_len > 2 * block. Decode also keeps exact attention until the context holds
-more than 2k blocks (SparseConfig.decodes_sparse): before that choosing k blocks reads no less.
+more than 3k blocks (SparseConfig.decodes_sparse): before that exact attention is faster.
 
 Prefill works on query chunks of one KV block each: a chunk keeps its own block and
 the previous one, and fills the rest of its k by probing with the chunk's mean query.
