@@ -35,6 +35,7 @@ from appliance.engine.sampling import Sampler, SamplingParams, TextStream, log_s
 from appliance.options import DEFAULT_MAX_CONTEXT, KV_FORMATS, WEIGHT_FORMATS, SparseConfig
 from appliance.engine.kv_setup import DEFAULT_DISK_BYTES, build_kv
 from appliance.engine.tokenizer import Tokenizer
+from appliance.weights import hugepages
 from appliance.weights.loader import Checkpoint, load_tensors, quantizer_fingerprint
 from appliance.weights.report import CacheReport
 
@@ -163,6 +164,8 @@ class Engine(StepAPI):
         tensors = load_tensors(model_dir, family.tensor_plan(cfg), weights, progress=progress, report=cache_report,
                                on_progress=on_progress)
         model = family.Model(cfg, weights, tensors)
+        if hugepages.wanted():
+            cache_report.hugepage_bytes = sum(lin.to_hugepages() for lin in model.streamed_linears())
         if hasattr(model, "prepare_vision"):
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
@@ -171,7 +174,10 @@ class Engine(StepAPI):
         if prefix_cache:
             identity = {"model": Checkpoint(model_dir).identity(), "weights": weights,
                         "quantizer": quantizer_fingerprint(), "kernels": kernels.kernel_path()}
-        kvs = build_kv(cfg, kv, sparse, limit, weight_bytes=weight_bytes, kv_cache_tokens=kv_cache_tokens,
+        # The pool's default size takes the weights still to come in from the mapping off the memory
+        # available now; the copies in huge pages are already out of it.
+        kvs = build_kv(cfg, kv, sparse, limit, weight_bytes=weight_bytes - cache_report.hugepage_bytes,
+                       kv_cache_tokens=kv_cache_tokens,
                        kv_cache_memory=kv_cache_memory, prefix_cache=prefix_cache, identity=identity,
                        kv_cache_dir=kv_cache_dir, kv_cache_disk_bytes=kv_cache_disk_bytes)
         engine = cls(model=model, config=cfg, tokenizer=tokenizer, cache=kvs.cache, weights=weights, kv=kv,

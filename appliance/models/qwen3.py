@@ -283,6 +283,16 @@ class Qwen3Model:
             layer.forward(h, batch, attention, timer)
         return kernels.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
 
+    def streamed_linears(self) -> list[Linear]:
+        """The matrices every decode step reads whole: each layer's attention projections and dense
+        MLP, and the output head. Not a MoE layer's experts, read only as tokens route to them."""
+        out = []
+        for layer in self.layers:
+            out += [layer.attention.qkv, layer.attention.o]
+            if isinstance(layer.mlp, Qwen3MLP):
+                out += [layer.mlp.mlp.gate_up, layer.mlp.mlp.down]
+        return out + ([self.lm_head] if self.lm_head is not None else [])
+
     def logits(self, hidden: np.ndarray, timer) -> np.ndarray:
         if self.lm_head is None:
             raise ValueError("this checkpoint has no output head (lm_head): it computes embeddings, not tokens")

@@ -3,7 +3,8 @@
 First load: read the (possibly sharded) safetensors files through mmap, check every
 tensor the model family's plan names, quantize the linear layers (Q8_0 or Q4_0)
 with a progress bar, write them to one cache file and map that. Later loads map
-the cache directly: no quantization, no copy, pages come in as they are touched.
+the cache directly: no quantization, no copy, pages come in as they are touched. (The engine
+then copies the matrices every decode step reads whole into huge pages: weights/hugepages.py.)
 
 Quantized matrices are stored in the order this machine's GEMM reads them: as rows (qs, d), or,
 where the GEMM has a micro-kernel for it (x86: AVX512-VNNI or plain AVX2), in strips (kernels/gemm_strips.h),

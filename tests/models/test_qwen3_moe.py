@@ -22,6 +22,7 @@ from appliance import Engine
 from appliance.kernels import quant
 from appliance.cli.main import main as cli_main
 from appliance.errors import ModelLoadError
+from appliance.weights import hugepages
 from appliance.models.qwen3_moe import Qwen3MoeConfig
 from family_checks import (TEXT, assert_close_logits, check_batched_decode_equals_single,
                            check_decode_matches_full_pass, check_f32_logits)
@@ -241,3 +242,20 @@ def test_cli_generate_and_bench(tiny_moe_dir, capsys):
     assert "weights q4" in table and "experts/tok" in table and "RSS MiB" in table
     row = table.strip().splitlines()[-1].split()
     assert row[0] == "16" and float(row[-3]) == 2.0            # top-2 in one MoE layer
+
+
+def test_experts_stay_mapped_while_attention_moves_to_huge_pages(tiny_moe_dir):
+    """Only the matrices every step reads whole leave the cache's mapping (weights/hugepages.py)."""
+    engine = Engine.load(tiny_moe_dir, progress=False)
+    streamed = {id(lin) for lin in engine.model.streamed_linears()}
+    moe = [layer.mlp for layer in engine.model.layers if hasattr(layer.mlp, "experts")]
+    assert moe
+    for block in moe:
+        for expert in block.experts:
+            for lin in (expert.gate_up, expert.down):
+                assert id(lin) not in streamed
+                assert hugepages.is_mapped(lin.ws if lin.ws is not None else lin.qs)
+    if hugepages.wanted():
+        assert engine.weight_cache.hugepage_bytes > 0
+        attention = engine.model.layers[0].attention.qkv
+        assert id(attention) in streamed and attention.to_hugepages() == 0     # copied already
