@@ -165,7 +165,7 @@ class Engine(StepAPI):
                                on_progress=on_progress)
         model = family.Model(cfg, weights, tensors)
         if hugepages.wanted():
-            cache_report.hugepage_bytes = sum(lin.to_hugepages() for lin in model.streamed_linears())
+            cache_report.hugepage_bytes = hugepages.hold(model.streamed_linears())
         if hasattr(model, "prepare_vision"):
             model.image_config = image_io.ImageProcessorConfig.from_model_dir(model_dir)
         limit = min(cfg.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)

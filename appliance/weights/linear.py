@@ -17,7 +17,6 @@ import os
 import numpy as np
 
 from appliance.kernels import quant
-from appliance.weights import hugepages
 from appliance.kernels import strips as strips_layout
 from appliance.kernels.dispatch import kernels
 from appliance.kernels.quant import QK
@@ -104,18 +103,6 @@ class Linear:
         qs, d = self.quantized_rows(ids)
         return Linear(self.kind, len(ids), self.n_in, qs=qs, d=d,
                       bias=None if self.bias is None else self.bias[ids])
-
-    def to_hugepages(self) -> int:
-        """Copy this matrix's arrays mapped from the weight cache into huge pages (hugepages.py) and
-        drop their mapped pages; the bytes copied (0: nothing was mapped)."""
-        copied = 0
-        for name in ("ws", "qs", "d"):
-            a = getattr(self, name)
-            if a is not None and hugepages.is_mapped(a):
-                setattr(self, name, hugepages.copy(a))
-                hugepages.release(a)
-                copied += a.nbytes
-        return copied
 
     @property
     def nbytes(self) -> int:

@@ -258,4 +258,4 @@ def test_experts_stay_mapped_while_attention_moves_to_huge_pages(tiny_moe_dir):
     if hugepages.wanted():
         assert engine.weight_cache.hugepage_bytes > 0
         attention = engine.model.layers[0].attention.qkv
-        assert id(attention) in streamed and attention.to_hugepages() == 0     # copied already
+        assert id(attention) in streamed and hugepages.hold([attention]) == 0     # copied already

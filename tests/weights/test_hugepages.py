@@ -29,15 +29,14 @@ def _in_cache_file(a: np.ndarray) -> bool:
 
 
 @needs_thp
-def test_a_copy_is_equal_read_only_aligned_and_advised_for_huge_pages():
-    a = np.arange(3 << 20, dtype=np.int32)
-    c = hugepages.copy(a)
-    assert np.array_equal(a, c) and c.dtype == a.dtype and c.shape == a.shape
-    assert not hugepages.is_mapped(c)                               # never copied again
-    assert c.ctypes.data % hugepages.HUGE_PAGE == 0
-    assert " hg" in _region(c.ctypes.data)[1]                     # MADV_HUGEPAGE took
+def test_an_arena_is_aligned_and_advised_for_huge_pages():
+    a = hugepages.arena(3 << 20)
+    assert a.dtype == np.uint8 and a.size == 3 << 20 and a.flags.writeable
+    assert a.ctypes.data % hugepages.HUGE_PAGE == 0
+    assert " hg" in _region(a.ctypes.data)[1]                     # MADV_HUGEPAGE took
+    assert not hugepages.is_mapped(a)
     with pytest.raises(ValueError, match="not a read-only view"):
-        hugepages.release(c)                                       # would zero this memory
+        hugepages.release(a)                                       # would zero this memory
 
 
 def test_release_drops_a_mapped_range_and_keeps_its_bytes(tmp_path):
@@ -76,8 +75,11 @@ def test_an_engine_streams_from_huge_pages_with_the_same_logits(monkeypatch, tin
     assert len(streamed) == 4 * huge.config.num_hidden_layers + 1
     arrays = [a for lin in streamed for a in (lin.ws, lin.qs, lin.d) if a is not None]
     assert huge.weight_cache.hugepage_bytes == sum(a.nbytes for a in arrays) > 0
-    for a in arrays:
-        assert not _in_cache_file(a) and " hg" in _region(a.ctypes.data)[1]
+    regions = {_region(a.ctypes.data) for a in arrays}
+    assert len(regions) == 1                                       # one arena for all of them
+    assert "/.appliance-cache/" not in next(iter(regions))[0] and " hg" in next(iter(regions))[1]
+    assert all(a.ctypes.data % hugepages.ALIGN == 0 for a in arrays)
+    assert hugepages.hold(streamed) == 0                           # never copied twice
     assert mapped.weight_cache.hugepage_bytes == 0
     assert all(_in_cache_file(lin.ws if lin.ws is not None else lin.qs) for lin in mapped.model.streamed_linears())
     assert np.array_equal(mapped.logits(ids), huge.logits(ids))
