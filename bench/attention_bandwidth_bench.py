@@ -14,8 +14,9 @@ step over the repeats is reported, and the ratio attention / GEMV, whose target 
 the time other processes held the core; memory stalls still count. The block table is the pool's
 order for one sequence (consecutive blocks) unless --scatter.
 The GEMVs run in the layout the engine holds its weights in on this CPU: strips where it packs them
-(appliance/weights/linear.py, `strips_wanted`), which stream faster than rows; `--layout rows` times
-the row layout instead. Attention runs the instantiation the kernels chose for this CPU
+(appliance/weights/linear.py, `strips_wanted`), which stream faster than rows, and side by side in
+huge pages where the engine copies them there (appliance/weights/hugepages.py); `--layout rows`
+times the row layout instead. Attention runs the instantiation the kernels chose for this CPU
 (attention_variant); `--attention-variant all` times every one this CPU runs, taking turns step by
 step, each with its own row and ratio.
 """
@@ -31,6 +32,7 @@ import numpy as np
 
 from appliance.kernels import _kernels as K
 from appliance.kernels import quant
+from appliance.weights import hugepages
 from appliance.weights.linear import strips_wanted
 
 TARGET = 0.80
@@ -67,13 +69,32 @@ class Gemv:
     run: object
 
 
-def make_gemv(wq, wd, strips: bool, threads: int) -> Gemv:
-    """The Q8_0 GEMV of (wq, wd), its weights in strips or in rows."""
+def weight_home(weights: list[tuple[np.ndarray, np.ndarray]]):
+    """home(array) -> the array where the GEMVs read it: as the engine holds the matrices a step
+    streams, side by side in one huge-page arena (appliance/weights/hugepages.py) where it does."""
+    if not hugepages.wanted():
+        return lambda a: a
+    # strips pad a matrix to 16 rows and round it to 64 bytes: a row of slack each is plenty
+    buf = hugepages.arena(sum(wq.nbytes + wd.nbytes + 32 * (wq.shape[1] + 64) for wq, wd in weights))
+    used = [0]
+
+    def home(a: np.ndarray) -> np.ndarray:
+        off = used[0]
+        used[0] += -(-a.nbytes // hugepages.ALIGN) * hugepages.ALIGN
+        copy = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+        copy[...] = a
+        return copy
+    return home
+
+
+def make_gemv(wq, wd, strips: bool, threads: int, home=lambda a: a) -> Gemv:
+    """The Q8_0 GEMV of (wq, wd), its weights in strips or in rows, each array placed by home()."""
     n, kk = wq.shape
     if strips:
-        ws = K.pack_strips(wq, wd, False)
+        ws = home(K.pack_strips(wq, wd, False))
         return Gemv(n, ws.nbytes, lambda xq, xd, out: K.gemm_strips(
             ws, n, kk, False, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
+    wq, wd = home(wq), home(wd)
     return Gemv(n, wq.nbytes + wd.nbytes, lambda xq, xd, out: K.gemm_q8(
         wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
 
@@ -126,9 +147,12 @@ def main(argv=None) -> int:
     bs = 32
     strips = args.layout == "strips" or (args.layout == "engine" and strips_wanted())
     print(f"shape {args.shape}: {s.layers} layers, context {args.context}, {args.kv} KV, {args.threads} threads, "
-          f"kernel path {K.kernel_path()} (attention {', '.join(variants)}), GEMV weights in {'strips' if strips else 'rows'}, "
+          f"kernel path {K.kernel_path()} (attention {', '.join(variants)}), GEMV weights in {'strips' if strips else 'rows'}"
+          f"{' in huge pages' if hugepages.wanted() else ''}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    gemvs = [[make_gemv(wq, wd, strips, args.threads) for wq, wd in layer_weights(rng, s)] for _ in range(s.layers)]
+    weights = [layer_weights(rng, s) for _ in range(s.layers)]
+    home = weight_home([w for layer in weights for w in layer])
+    gemvs = [[make_gemv(wq, wd, strips, args.threads, home) for wq, wd in layer] for layer in weights]
     caches = layer_caches(rng, s, args.context, args.kv, bs)
     nblk = -(-args.context // bs)
     table = (rng.permutation(nblk) if args.scatter else np.arange(nblk)).astype(np.int32)
