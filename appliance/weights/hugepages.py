@@ -27,7 +27,6 @@ import numpy as np
 HUGE_PAGE = 2 << 20
 ALIGN = 64                     # each copy starts on a cache line, as the strips' vector loads want
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-_MADV_DONTNEED = 4
 
 
 def wanted() -> bool:
@@ -91,4 +90,4 @@ def release(a: np.ndarray) -> None:
     hi = (a.ctypes.data + a.nbytes) // page * page
     if hi > lo:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(_MADV_DONTNEED))
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(mmap.MADV_DONTNEED))
