@@ -13,7 +13,8 @@ of the file mapping are then dropped from this process (MADV_DONTNEED: the file'
 the page cache), so the process's RSS counts the weights once.
 
 APPLIANCE_WEIGHT_HUGEPAGES=0 keeps every matrix mapped; so does a kernel without transparent
-huge pages ("never" in /sys/kernel/mm/transparent_hugepage/enabled).
+huge pages ("never" in /sys/kernel/mm/transparent_hugepage/enabled), or a process not allowed
+to give the advice.
 """
 from __future__ import annotations
 
@@ -37,7 +38,14 @@ def wanted() -> bool:
         setting = THP_SETTING.read_text()
     except OSError:
         return False
-    return "[always]" in setting or "[madvise]" in setting
+    if "[always]" not in setting and "[madvise]" not in setting:
+        return False
+    try:   # a seccomp filter (a hardened unit's SystemCallFilter=) may refuse the advice
+        with mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as m:
+            m.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        return False
+    return True
 
 
 def is_mapped(a: np.ndarray) -> bool:

@@ -62,6 +62,14 @@ def test_the_switch_and_the_kernel_setting(monkeypatch, tmp_path):
         assert hugepages.wanted() is want
     monkeypatch.setattr(hugepages, "THP_SETTING", tmp_path / "missing")
     assert not hugepages.wanted()
+    monkeypatch.setattr(hugepages, "THP_SETTING", tmp_path / "enabled")
+    (tmp_path / "enabled").write_text("always [madvise] never\n")
+
+    class Refused(mmap.mmap):          # as under a seccomp filter that refuses madvise
+        def madvise(self, *args):
+            raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(hugepages.mmap, "mmap", Refused)
+    assert not hugepages.wanted()
 
 
 @needs_thp
