@@ -312,6 +312,10 @@ class Metrics:
         self.weight_cache_verify = Gauge(
             "appliance_weight_cache_verify_seconds", "Time the last load spent checking the weight cache's "
             "checksums.", registry=r)
+        self.weight_hugepages = Gauge(
+            "appliance_weight_hugepage_bytes", "Bytes of the matrices every decode step streams that the last "
+            "load copied into huge pages (0: all read from the weight cache's mapping, e.g. transparent huge "
+            "pages off).", registry=r)
         # NaN until the start-up selftest has run: no verdict yet is neither a pass nor a fail.
         self.selftest_ok = Gauge("appliance_selftest_ok",
                                  "1 if the compiled kernels agreed with the portable reference at start.",
@@ -387,6 +391,7 @@ class Metrics:
             for _, kind, _ in stats.rejected:
                 self.weight_cache_rejected.labels(kind).inc()
             self.weight_cache_verify.set(stats.verify_s)
+            self.weight_hugepages.set(stats.hugepage_bytes)
         elif isinstance(stats, RequestStats):
             self.requests.labels(stats.outcome).inc()
             self.queue_time.observe(stats.queue_s)

@@ -10,6 +10,8 @@ import requests
 
 from live_server import free_port
 
+from appliance.weights import hugepages
+
 
 def _traffic(server, model_id, n=2):
     for i in range(n):
@@ -55,6 +57,8 @@ def test_named_series_present(idle_server, model_id):
     assert info["model"] == model_id and info["weights"] == "q8" and info["kv"] == "q8"
     assert m[("appliance_kv_cache_capacity_blocks", ())] > 0
     assert m[("appliance_requests_total", (("outcome", "length"),))] >= 2
+    # the demo model's streamed matrices sit in huge pages wherever this kernel offers them
+    assert (m[("appliance_weight_hugepage_bytes", ())] > 0) == hugepages.wanted()
     assert m[("appliance_selftest_ok", ())] == 1          # the start-up selftest of this build passed
     # the server's threads ran the requests above (the kernel's schedstat of its process)
     assert m[("appliance_cpu_run_seconds_total", ())] > 0.1 and m[("appliance_cpu_wait_seconds_total", ())] >= 0
