@@ -69,32 +69,24 @@ class Gemv:
     run: object
 
 
-def weight_home(weights: list[tuple[np.ndarray, np.ndarray]]):
-    """home(array) -> the array where the GEMVs read it: as the engine holds the matrices a step
-    streams, side by side in one huge-page arena (appliance/weights/hugepages.py) where it does."""
+def stored(weights: list[tuple[np.ndarray, np.ndarray]], strips: bool) -> list[tuple]:
+    """Each (wq, wd) as the engine holds it: (ws,) in strips or (wq, wd) in rows, and, where the
+    engine copies the matrices a step streams into huge pages, side by side in one arena there
+    (appliance/weights/hugepages.py)."""
+    held = [(K.pack_strips(wq, wd, False),) if strips else (wq, wd) for wq, wd in weights]
     if not hugepages.wanted():
-        return lambda a: a
-    # strips pad a matrix to 16 rows and round it to 64 bytes: a row of slack each is plenty
-    buf = hugepages.arena(sum(wq.nbytes + wd.nbytes + 32 * (wq.shape[1] + 64) for wq, wd in weights))
-    used = [0]
-
-    def home(a: np.ndarray) -> np.ndarray:
-        off = used[0]
-        used[0] += -(-a.nbytes // hugepages.ALIGN) * hugepages.ALIGN
-        copy = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-        copy[...] = a
-        return copy
-    return home
+        return held
+    flat = iter(hugepages.copies([a for arrays in held for a in arrays]))
+    return [tuple(next(flat) for _ in arrays) for arrays in held]
 
 
-def make_gemv(wq, wd, strips: bool, threads: int, home=lambda a: a) -> Gemv:
-    """The Q8_0 GEMV of (wq, wd), its weights in strips or in rows, each array placed by home()."""
-    n, kk = wq.shape
-    if strips:
-        ws = home(K.pack_strips(wq, wd, False))
+def make_gemv(n: int, kk: int, arrays: tuple, threads: int) -> Gemv:
+    """The Q8_0 GEMV of an n x kk matrix held as stored() gives it: (ws,) in strips or (wq, wd)."""
+    if len(arrays) == 1:
+        ws, = arrays
         return Gemv(n, ws.nbytes, lambda xq, xd, out: K.gemm_strips(
             ws, n, kk, False, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
-    wq, wd = home(wq), home(wd)
+    wq, wd = arrays
     return Gemv(n, wq.nbytes + wd.nbytes, lambda xq, xd, out: K.gemm_q8(
         wq, wd, xq[:, :kk], xd[:, :kk // 32], out=out, threads=threads))
 
@@ -151,8 +143,8 @@ def main(argv=None) -> int:
           f"{' in huge pages' if hugepages.wanted() else ''}, "
           f"load average {os.getloadavg()[0]:.2f}")
     weights = [layer_weights(rng, s) for _ in range(s.layers)]
-    home = weight_home([w for layer in weights for w in layer])
-    gemvs = [[make_gemv(wq, wd, strips, args.threads, home) for wq, wd in layer] for layer in weights]
+    held = iter(stored([w for layer in weights for w in layer], strips))
+    gemvs = [[make_gemv(*wq.shape, next(held), args.threads) for wq, _ in layer] for layer in weights]
     caches = layer_caches(rng, s, args.context, args.kv, bs)
     nblk = -(-args.context // bs)
     table = (rng.permutation(nblk) if args.scatter else np.arange(nblk)).astype(np.int32)
