@@ -190,7 +190,8 @@ def worker_ours(args) -> dict:
            "sparse_k": args.sparse_k or None, "sparse_probe_mode": args.sparse_probe_mode if args.sparse_k else None,
            "kernel_path": kernels.kernel_path(), "gemm_variant": kernels.gemm_variant(),
            "attention_variant": kernels.attention_variant(), "max_context": e.max_context, "load_s": load_s,
-           "weight_bytes": e.weight_bytes, "kv_capacity_bytes": kv_capacity_bytes,
+           "weight_bytes": e.weight_bytes, "weight_hugepage_bytes": e.weight_cache.hugepage_bytes,
+           "kv_capacity_bytes": kv_capacity_bytes,
            "kv_bytes_per_token": per_token,
            "rss_before_load": mem0["rss"], "rss_after_load": mem_load["rss"],
            "peak_rss_after_load": mem_load["peak_rss"]}

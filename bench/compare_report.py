@@ -140,8 +140,10 @@ def report(ours: dict | None, llamas: dict[str, dict], contexts: list[int], meta
                                        "end_rss", "end_peak_rss", "weight_bytes", "kv_capacity_bytes",
                                        "kv_bytes_per_token")}
         memory["kv_used_bytes_at_max_context"] = kv_used
-        lines += ["", f"ours memory: RSS after load {ours['rss_after_load'] / MB:.0f} MiB (the matrices every step reads copied into "
-                      f"huge pages, the rest mapped and paged in on use) "
+        huge = ours.get("weight_hugepage_bytes") or 0          # older result files: all mapped
+        held = (f"{huge / MB:.0f} MiB of the matrices every step reads copied into huge pages, the rest "
+                if huge else "weights ")
+        lines += ["", f"ours memory: RSS after load {ours['rss_after_load'] / MB:.0f} MiB ({held}mapped, paged in on use) "
                       f"(peak {ours['peak_rss_after_load'] / MB:.0f} MiB; before load "
                       f"{ours['rss_before_load'] / MB:.0f} MiB) vs quantized weights {w / MB:.0f} MiB "
                       f"+ KV {kvc / MB:.0f} MiB reserved for {ours['max_context']} tokens "

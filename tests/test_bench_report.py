@@ -72,3 +72,11 @@ def test_the_header_names_the_gemm_and_attention_variants_when_the_run_recorded_
     assert "ours: weights q8, KV q8, kernels avx2 (GEMM avx512-vnni, attention avx2)" in text.splitlines()
     text, _ = report(_ours(ms, attn), LLAMA, CONTEXTS, META)          # a result file from before
     assert "ours: weights q8, KV q8, kernels avx2" in text.splitlines()
+
+
+def test_the_memory_line_says_where_the_weights_sit():
+    ms, attn = {128: 40.0, 2048: 60.0, 4096: 70.0, 8192: 60.0}, {n: 1.0 for n in CONTEXTS}
+    text, _ = report(_ours(ms, attn, weight_hugepage_bytes=600 * MB), LLAMA, CONTEXTS, META)
+    assert "(600 MiB of the matrices every step reads copied into huge pages, the rest mapped" in text
+    text, _ = report(_ours(ms, attn), LLAMA, CONTEXTS, META)          # huge pages off, or an older file
+    assert "(weights mapped, paged in on use)" in text and "huge pages" not in text
