@@ -206,6 +206,31 @@ cdef inline void *_data(object a) noexcept:
     return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
+cdef Py_ssize_t _row_stride(object a, str name, int ndim, str want) except -1:
+    """The row stride, in floats, of a float32 array of ndim dimensions whose rows a[i] are each
+    C-contiguous (aligned, native order): a C-contiguous array, or a slice of the columns of a
+    wider matrix, such as the q, k or v columns of a fused projection's output or one half of
+    gate_up. The kernels then read such rows in place, where a copy cost more than the kernel at
+    a batch's or a prompt's rows (docs/performance.md)."""
+    cdef cnp.ndarray arr
+    cdef Py_ssize_t inner = 1, i, stride
+    if cnp.PyArray_Check(a):
+        arr = <cnp.ndarray>a
+        if (cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(arr) == ndim
+                and cnp.PyArray_ISBEHAVED_RO(arr)):
+            for i in range(ndim - 1, 0, -1):
+                if cnp.PyArray_DIMS(arr)[i] != 1 and cnp.PyArray_STRIDES(arr)[i] != inner * 4:
+                    break
+                inner *= cnp.PyArray_DIMS(arr)[i]
+            else:
+                stride = cnp.PyArray_STRIDES(arr)[0]
+                if cnp.PyArray_DIMS(arr)[0] <= 1:
+                    return inner
+                if stride % 4 == 0 and stride >= inner * 4:
+                    return stride // 4
+    raise ValueError(f"{name}: expected a {want} array with C-contiguous rows, got {_what(a)}")
+
+
 cdef inline int _check_k(Py_ssize_t K, str name) except -1:
     if K <= 0 or K % QK:
         raise ValueError(f"{name}: K = {K} must be a positive multiple of {QK}")
@@ -379,23 +404,42 @@ def gemm_strips(ws, Py_ssize_t N, Py_ssize_t K, bint q4, xq, xd, out=None, path=
 # ---- elementwise -------------------------------------------------------------------
 
 def rmsnorm(x, w, float eps, out=None, path="simd"):
-    """out float32[M, D] = x / sqrt(mean(x^2) + eps) * w; `out` may be `x`."""
+    """out = x / sqrt(mean(x^2) + eps) * w over each vector of D: x float32[M, D], or [M, H, D] (a
+    head's vector normalized alone, as q_norm and k_norm do), out a new C-contiguous array of
+    x's shape (or `out`, which may be `x` when x is C-contiguous). x's rows (x[m]) may be columns
+    of a wider matrix: its q or k heads read in place."""
     cdef bint simd = _use_simd(path)
-    _check(x, "x", cnp.NPY_FLOAT32, 2, 0, "float32 [M, D]")
+    if not cnp.PyArray_Check(x) or cnp.PyArray_NDIM(<cnp.ndarray>x) not in (2, 3):
+        raise ValueError(f"x: expected a float32 [M, D] or [M, H, D] array, got {_what(x)}")
+    cdef int nd = cnp.PyArray_NDIM(<cnp.ndarray>x)
+    cdef Py_ssize_t ld = _row_stride(x, "x", nd, "float32 [M, D] or [M, H, D]")
     _check(w, "w", cnp.NPY_FLOAT32, 1, 0, "float32 [D]")
-    cdef Py_ssize_t M = _dim(x, 0), D = _dim(x, 1)
+    cdef Py_ssize_t M = _dim(x, 0), H = _dim(x, 1) if nd == 3 else 1, D = _dim(x, nd - 1)
     _check_dim(_dim(w, 0), D, "w.shape[0]")
-    out = _out2(out, M, D)
+    if out is None:
+        out = _empty(nd, M, _dim(x, 1), D, cnp.NPY_FLOAT32)
+    else:
+        _check(out, "out", cnp.NPY_FLOAT32, nd, 1, "float32 array shaped as x")
+        if out.shape != x.shape:
+            raise ValueError(f"out has shape {out.shape}, x has {x.shape}")
     cdef const float *xp = <const float *>_data(x)
     cdef const float *wp = <const float *>_data(w)
     cdef float *op = <float *>_data(out)
-    if M == 0 or D == 0:
+    cdef Py_ssize_t m
+    if M == 0 or H == 0 or D == 0:
         return out
     with nogil:
-        if simd:
-            rmsnorm_simd(xp, wp, M, D, eps, op)
+        if ld == H * D:      # every vector in one call: each is normalized alone, so the bits agree
+            if simd:
+                rmsnorm_simd(xp, wp, M * H, D, eps, op)
+            else:
+                rmsnorm_portable(xp, wp, M * H, D, eps, op)
         else:
-            rmsnorm_portable(xp, wp, M, D, eps, op)
+            for m in range(M):
+                if simd:
+                    rmsnorm_simd(xp + m * ld, wp, H, D, eps, op + m * H * D)
+                else:
+                    rmsnorm_portable(xp + m * ld, wp, H, D, eps, op + m * H * D)
     return out
 
 
@@ -443,8 +487,13 @@ cdef object _out_any(object out, object like, str like_name):
 
 
 def silu_mul(gate, up, out=None, path="simd"):
-    """out = silu(gate) * up elementwise, any shape (all three alike); `out` may be `gate`."""
+    """out = silu(gate) * up elementwise, any shape (all three alike); `out` may be `gate`. gate and
+    up may also be [M, F] arrays whose rows are columns of a wider matrix (the two halves of a
+    fused gate_up), read in place; out is then a new C-contiguous [M, F] array (or `out`)."""
     cdef bint simd = _use_simd(path)
+    if (cnp.PyArray_Check(gate) and cnp.PyArray_Check(up) and cnp.PyArray_NDIM(<cnp.ndarray>gate) == 2
+            and not (cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>gate) and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>up))):
+        return _silu_mul_rows(gate, up, out, simd)
     _check_any(gate, "gate", 0)
     _check_any(up, "up", 0)
     if gate.shape != up.shape:
@@ -461,6 +510,28 @@ def silu_mul(gate, up, out=None, path="simd"):
             silu_mul_simd(g, u, n, o)
         else:
             silu_mul_portable(g, u, n, o)
+    return out
+
+
+cdef object _silu_mul_rows(gate, up, out, bint simd):
+    """silu_mul on [M, F] operands with strided rows, a row a call (elementwise: the same bits)."""
+    cdef Py_ssize_t lg = _row_stride(gate, "gate", 2, "float32 [M, F]")
+    cdef Py_ssize_t lu = _row_stride(up, "up", 2, "float32 [M, F]")
+    if gate.shape != up.shape:
+        raise ValueError(f"up has shape {up.shape}, gate has {gate.shape}")
+    cdef Py_ssize_t M = _dim(gate, 0), F = _dim(gate, 1), m
+    out = _out2(out, M, F)
+    cdef const float *g = <const float *>_data(gate)
+    cdef const float *u = <const float *>_data(up)
+    cdef float *o = <float *>_data(out)
+    if F == 0:
+        return out
+    with nogil:
+        for m in range(M):
+            if simd:
+                silu_mul_simd(g + m * lg, u + m * lu, F, o + m * F)
+            else:
+                silu_mul_portable(g + m * lg, u + m * lu, F, o + m * F)
     return out
 
 

@@ -7,18 +7,26 @@ _KV_DTYPES = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}
 def kv_store(str kind, x, slots, dst, scale, path="simd"):
     """Write x float32[T, n_kv, hd] into one layer's cache arrays at slots int32[T] (block*bs + offset).
 
-    dst, scale: the layer's K (or V) array and its scales (kernels.h layouts; scale None for f32).
-    path: q8 has a vector path ("simd", the default) and its scalar twin ("portable"); q4 and f32
-    are plain C.
+    x's tokens (x[t]) may be columns of a wider matrix (the v heads of a fused projection's
+    output), read in place. dst, scale: the layer's K (or V) array and its scales (kernels.h
+    layouts; scale None for f32). path: q8 has a vector path ("simd", the default) and its scalar
+    twin ("portable"); q4 and f32 are plain C.
     """
     cdef bint simd = _use_simd(path)
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {', '.join(_KINDS)}, not {kind!r}")
-    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
-    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] sl = np.ascontiguousarray(slots, dtype=np.int32)
-    if xa.ndim != 3:
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 3:
         raise ValueError("x must be float32[T, n_kv, hd]")
-    cdef int64_t T = xa.shape[0], n_kv = xa.shape[1], hd = xa.shape[2]
+    cdef Py_ssize_t ld
+    try:
+        ld = _row_stride(x, "x", 3, "float32 [T, n_kv, hd]")
+    except ValueError:       # tokens not contiguous themselves (or misaligned): copied once
+        x = np.ascontiguousarray(x)
+        ld = _row_stride(x, "x", 3, "float32 [T, n_kv, hd]")
+    cdef cnp.ndarray[int32_t, ndim=1, mode="c"] sl = np.ascontiguousarray(slots, dtype=np.int32)
+    cdef int64_t T = x.shape[0], n_kv = x.shape[1], hd = x.shape[2]
     want = _KV_DTYPES[kind]
     cdef cnp.ndarray d = dst
     if d.dtype != want or d.ndim != 4 or not d.flags.c_contiguous or d.shape[1] != n_kv:
@@ -26,8 +34,12 @@ def kv_store(str kind, x, slots, dst, scale, path="simd"):
     cdef int64_t bs = d.shape[2]
     if d.shape[3] != (hd // 2 if kind == "q4" else hd) or hd % QK:
         raise ValueError(f"dst rows do not fit head_dim {hd}")
-    if sl.shape[0] != T or (T and (sl.min() < 0 or sl.max() >= d.shape[0] * bs)):
+    cdef int64_t n_slots = d.shape[0] * bs, t
+    if sl.shape[0] != T:
         raise ValueError("slots must hold one in-range slot per token")
+    for t in range(T):       # in C: numpy's min and max took half of a decode step's store
+        if sl[t] < 0 or sl[t] >= n_slots:
+            raise ValueError("slots must hold one in-range slot per token")
     cdef cnp.ndarray s
     if kind != "f32":
         want_shape = dst.shape[:3] + ((hd // QK,) if kind == "q4" else ())
@@ -38,15 +50,20 @@ def kv_store(str kind, x, slots, dst, scale, path="simd"):
     if T == 0:
         return
     cdef int ck = _KINDS[kind]
+    cdef const float *xp = <const float *>_data(x)
+    cdef int64_t rows = T if ld == n_kv * hd else 1       # strided tokens: one call each, the same bits
+    t = 0
     with nogil:
-        if ck == KV_Q8 and simd:
-            kv_store_q8_simd(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
-        elif ck == KV_Q8:
-            kv_store_q8_portable(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <int8_t *>d.data, <float *>s.data)
-        elif ck == KV_Q4:
-            kv_store_q4(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <uint8_t *>d.data, <float *>s.data)
-        else:
-            kv_store_f32(<const float *>xa.data, T, n_kv, hd, &sl[0], bs, <float *>d.data)
+        while t < T:
+            if ck == KV_Q8 and simd:
+                kv_store_q8_simd(xp + t * ld, rows, n_kv, hd, &sl[t], bs, <int8_t *>d.data, <float *>s.data)
+            elif ck == KV_Q8:
+                kv_store_q8_portable(xp + t * ld, rows, n_kv, hd, &sl[t], bs, <int8_t *>d.data, <float *>s.data)
+            elif ck == KV_Q4:
+                kv_store_q4(xp + t * ld, rows, n_kv, hd, &sl[t], bs, <uint8_t *>d.data, <float *>s.data)
+            else:
+                kv_store_f32(xp + t * ld, rows, n_kv, hd, &sl[t], bs, <float *>d.data)
+            t += rows
 
 
 def select(scores, importance, int k):

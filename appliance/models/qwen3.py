@@ -196,10 +196,12 @@ class Qwen3Attention:
         x = kernels.rmsnorm(h, self.norm, cfg.rms_norm_eps)
         with timer.gemm():
             qkv = self.qkv(x)                                    # [M, q_dim + 2*kv_dim]
-        q = kernels.rmsnorm(np.ascontiguousarray(qkv[:, :cfg.q_dim]).reshape(-1, hd),
-                            self.q_norm, cfg.rms_norm_eps).reshape(m, cfg.num_attention_heads, hd)
-        k = kernels.rmsnorm(np.ascontiguousarray(qkv[:, cfg.q_dim:cfg.q_dim + cfg.kv_dim]).reshape(-1, hd),
-                            self.k_norm, cfg.rms_norm_eps).reshape(m, cfg.num_key_value_heads, hd)
+        # The q, k and v columns are read in place (rmsnorm and the KV store take strided rows):
+        # copying them out cost more than the norms at a batch's or a prompt's rows.
+        q = kernels.rmsnorm(qkv[:, :cfg.q_dim].reshape(m, cfg.num_attention_heads, hd),
+                            self.q_norm, cfg.rms_norm_eps)
+        k = kernels.rmsnorm(qkv[:, cfg.q_dim:cfg.q_dim + cfg.kv_dim].reshape(m, cfg.num_key_value_heads, hd),
+                            self.k_norm, cfg.rms_norm_eps)
         v = qkv[:, cfg.q_dim + cfg.kv_dim:].reshape(m, cfg.num_key_value_heads, hd)
         self.rope(q, batch)
         self.rope(k, batch)
@@ -226,7 +228,7 @@ class SwiGLU:
         with timer.gemm():
             gu = self.gate_up(x)                                 # [M, 2*intermediate]
         f = self.intermediate
-        act = kernels.silu_mul(np.ascontiguousarray(gu[:, :f]), np.ascontiguousarray(gu[:, f:]))
+        act = kernels.silu_mul(gu[:, :f], gu[:, f:])           # both halves read in place
         with timer.gemm():
             return self.down(act)
 

@@ -147,7 +147,7 @@ class Expert:
         gu = self.gate_up
         y = gu(x[0]) if len(x) == 1 else gu.matmul_quantized(x[0], x[1])   # [n, 2*intermediate]
         f = self.intermediate
-        act = kernels.silu_mul(np.ascontiguousarray(y[:, :f]), np.ascontiguousarray(y[:, f:]))
+        act = kernels.silu_mul(y[:, :f], y[:, f:])
         return self.down(act)
 
 

@@ -89,6 +89,36 @@ def test_attention(path, kind):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
+def test_kv_store_reads_strided_tokens(kind, path):
+    """The v heads of a fused projection's rows, read in place, and tokens not contiguous in
+    themselves (copied): the cache's bits of the same tokens stored from a contiguous copy."""
+    rng = np.random.default_rng(6)
+    qkv = rng.standard_normal((5, 3 * 2 * 64)).astype(np.float32)
+    slots = np.array([3, 40, 17, 90, 64], np.int32)
+    row = 32 if kind == "q4" else 64
+    dtype = {"q8": np.int8, "q4": np.uint8, "f32": np.float32}[kind]
+    scale_shape = (6, 2, 16) + ((2,) if kind == "q4" else ())
+    for x in (qkv[:, 256:].reshape(5, 2, 64), np.repeat(qkv[:, 256:], 2, axis=1)[:, ::2].reshape(5, 2, 64)):
+        got, want = np.zeros((6, 2, 16, row), dtype), np.zeros((6, 2, 16, row), dtype)
+        gs, ws = (None, None) if kind == "f32" else (np.zeros(scale_shape, np.float32), np.zeros(scale_shape, np.float32))
+        K.kv_store(kind, x, slots, got, gs, path=path)
+        K.kv_store(kind, np.ascontiguousarray(x), slots, want, ws, path=path)
+        assert got.any() and np.array_equal(got, want)
+        if kind != "f32":
+            assert np.array_equal(gs.view(np.uint32), ws.view(np.uint32))
+
+
+def test_kv_store_refuses_slots_out_of_range():
+    dst, scale = np.zeros((2, 1, 4, 32), np.int8), np.zeros((2, 1, 4), np.float32)
+    x = np.ones((2, 1, 32), np.float32)
+    for slots in ([0, 8], [-1, 0]):
+        with pytest.raises(ValueError, match="in-range slot"):
+            K.kv_store("q8", x, np.array(slots, np.int32), dst, scale)
+    assert not dst.any() and not scale.any()      # nothing written before the check failed
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["q8", "q4", "f32"])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_kv_store(kind, path, hd):
     """Two writes at scattered slots, one with an all-zero row (scale 0), one with values that land

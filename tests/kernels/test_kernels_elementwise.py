@@ -31,6 +31,27 @@ def test_rmsnorm(path, m, d):
     np.testing.assert_array_equal(x2, y)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_rmsnorm_reads_heads_of_strided_rows(path, m):
+    """The q (or k) heads of a fused projection's rows, read in place: the bits of the same heads
+    copied out first, per head as q_norm and k_norm normalize them."""
+    rng = np.random.default_rng(m)
+    qkv = (rng.standard_normal((m, 4 * 128 + 2 * 64)) * 2).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    heads = qkv[:, 128:128 + 6 * 64].reshape(m, 6, 64)          # strided rows, contiguous heads
+    y = K.rmsnorm(heads, w, 1e-6, path=path)
+    assert y.shape == (m, 6, 64) and y.flags.c_contiguous
+    want = K.rmsnorm(np.ascontiguousarray(heads).reshape(-1, 64), w, 1e-6, path=path).reshape(m, 6, 64)
+    np.testing.assert_array_equal(y, want)
+    rows = qkv[:, 64:64 + 256]                                     # 2-D strided rows too
+    np.testing.assert_array_equal(K.rmsnorm(rows, np.ones(256, np.float32), 1e-6, path=path),
+                                  K.rmsnorm(np.ascontiguousarray(rows), np.ones(256, np.float32), 1e-6, path=path))
+    out = np.empty((m, 6, 64), np.float32)
+    assert K.rmsnorm(heads, w, 1e-6, out=out, path=path) is out
+    np.testing.assert_array_equal(out, want)
+
+
 def test_rmsnorm_zero_row_is_finite():
     x = np.zeros((2, 64), np.float32)
     for path in PATHS:
@@ -86,6 +107,21 @@ def test_silu_mul(path, shape):
     g2 = g.copy()
     assert K.silu_mul(g2, u, out=g2, path=path) is g2
     np.testing.assert_array_equal(g2, y)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [1, 4, 9])
+def test_silu_mul_reads_the_halves_of_gate_up(path, m):
+    """gate_up's two halves, read in place: the bits of the halves copied out first."""
+    rng = np.random.default_rng(m)
+    gu = (rng.standard_normal((m, 2 * 200)) * 4).astype(np.float32)
+    y = K.silu_mul(gu[:, :200], gu[:, 200:], path=path)
+    assert y.shape == (m, 200) and y.flags.c_contiguous
+    np.testing.assert_array_equal(
+        y, K.silu_mul(np.ascontiguousarray(gu[:, :200]), np.ascontiguousarray(gu[:, 200:]), path=path))
+    out = np.empty((m, 200), np.float32)
+    assert K.silu_mul(gu[:, :200], gu[:, 200:], out=out, path=path) is out
+    np.testing.assert_array_equal(out, y)
 
 
 @pytest.mark.parametrize("path", PATHS)

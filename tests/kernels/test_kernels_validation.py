@@ -49,6 +49,21 @@ def _bad_gemm_calls():
     yield "silu shapes", lambda: K.silu_mul(np.zeros(4, np.float32), np.zeros(5, np.float32))
     yield "silu dtype", lambda: K.silu_mul(np.zeros(4, np.float64), np.zeros(4, np.float64))
     yield "silu strided", lambda: K.silu_mul(np.zeros(8, np.float32)[::2], np.zeros(4, np.float32))
+    # rows may be strided (columns of a wider matrix), the values within a row may not
+    yield "rmsnorm strided within a row", lambda: K.rmsnorm(np.zeros((2, 16), np.float32)[:, ::2],
+                                                            np.ones(8, np.float32), 1e-6)
+    yield "rmsnorm 4-D x", lambda: K.rmsnorm(np.zeros((2, 2, 2, 8), np.float32), np.ones(8, np.float32), 1e-6)
+    yield "rmsnorm out shape", lambda: K.rmsnorm(np.zeros((2, 3, 8), np.float32), np.ones(8, np.float32), 1e-6,
+                                                 out=np.empty((6, 8), np.float32))
+    yield "rmsnorm strided out", lambda: K.rmsnorm(np.zeros((2, 8), np.float32), np.ones(8, np.float32), 1e-6,
+                                                   out=np.empty((2, 16), np.float32)[:, :8])
+    yield "silu rows strided within", lambda: K.silu_mul(np.zeros((2, 16), np.float32)[:, ::2],
+                                                         np.zeros((2, 16), np.float32)[:, 8:])
+    yield "silu row shapes", lambda: K.silu_mul(np.zeros((2, 16), np.float32)[:, :8],
+                                                np.zeros((2, 16), np.float32)[:, 9:])
+    yield "silu strided into strided out", lambda: K.silu_mul(np.zeros((2, 16), np.float32)[:, :8],
+                                                              np.zeros((2, 16), np.float32)[:, 8:],
+                                                              out=np.zeros((2, 16), np.float32)[:, :8])
 
 
 def _readonly(a):
