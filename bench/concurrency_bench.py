@@ -10,6 +10,7 @@ Prints a table, and whether the CPU throttled while it ran (from /metrics).
     python bench/concurrency_bench.py                         # Qwen3-0.6B-shaped random checkpoint
     python bench/concurrency_bench.py --model DIR --tokens 64 --streams 1 2 4 8
     python bench/concurrency_bench.py --engine-only      # the engine's decode step alone, no HTTP
+    python bench/concurrency_bench.py --streams 1 4 8 --rounds 3   # interleaved rounds, median ratios
 
 Not a test: it takes minutes and its numbers depend on the machine.
 """
@@ -114,6 +115,27 @@ def run_level(base: str, model: str, n: int, prompt_len: int, max_tokens: int, v
             "ttft_s": sum(ts[0] for ts in results) / n - t0}
 
 
+def round_ratios(rounds: list[list[dict]]) -> dict[int, float]:
+    """Each stream count's aggregate against its own round's one stream, median over rounds
+    ({} without a one-stream level). A ratio of two runs minutes apart measures the machine's drift
+    as much as the batching; interleaved rounds keep each ratio's two runs adjacent."""
+    out = {}
+    for i, r in enumerate(rounds[0]):
+        per = [rnd[i]["aggregate"] / one["aggregate"] for rnd in rounds
+               for one in rnd if one["streams"] == 1]
+        if per:
+            out[r["streams"]] = statistics.median(per)
+    return out
+
+
+def median_row(runs: list[dict]) -> dict:
+    """One stream count's runs as one row: the median of every number (throttling summed)."""
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "throttled_s"}
+    row["streams"] = runs[0]["streams"]
+    row["throttled_s"] = sum(r["throttled_s"] for r in runs)
+    return row
+
+
 def engine_only(model_dir: Path, streams: list[int], prompt_len: int, steps: int, threads, weights) -> int:
     """Decode steps of the engine alone, in process: what batching buys before any HTTP."""
     sys.path.insert(0, str(REPO))
@@ -161,6 +183,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="engine threads (default: the engine's choice)")
     ap.add_argument("--weights", default="q8")
     ap.add_argument("--engine-only", action="store_true", help="time the engine's decode steps alone")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every stream count this many times, interleaved; ratios from each round's "
+                         "own one-stream run, then their median (a shared machine's speed drifts in minutes)")
     args = ap.parse_args(argv)
 
     model_dir = Path(args.model) if args.model else bench_checkpoint()
@@ -180,16 +205,25 @@ def main(argv=None) -> int:
         print(f"prompt {args.prompt} tokens, {args.tokens} generated per stream, greedy, ignore_eos; "
               f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         run_level(base, model, 1, args.prompt, 4, facts["vocab"])          # warm up
-        rows = [run_level(base, model, n, args.prompt, args.tokens, facts["vocab"]) for n in args.streams]
-        one = rows[0]["aggregate"] if rows[0]["streams"] == 1 else None
+        rounds = [[run_level(base, model, n, args.prompt, args.tokens, facts["vocab"]) for n in args.streams]
+                  for _ in range(max(1, args.rounds))]
+        ratios = round_ratios(rounds)
+        rows = [median_row([rnd[i] for rnd in rounds]) for i in range(len(args.streams))]
         print()
+        if len(rounds) > 1:
+            print(f"median of {len(rounds)} interleaved rounds; 'vs 1' is the median of each round's own ratio")
         print(f"{'streams':>7} {'agg tok/s':>10} {'per stream':>10} {'ms/token':>9} {'mean batch':>10} "
               f"{'vs 1':>6} {'TTFT s':>7} {'throttled':>9}")
         for r in rows:
-            ratio = f"{r['aggregate'] / one:.2f}x" if one else "-"
+            ratio = f"{ratios[r['streams']]:.2f}x" if r["streams"] in ratios else "-"
             thr = f"{r['throttled_s']:.0f} s" if r["throttled_s"] > 0 else "no"
             print(f"{r['streams']:>7} {r['aggregate']:>10.2f} {r['per_stream']:>10.2f} {r['ms_per_step']:>9.1f} "
                   f"{r['mean_batch']:>10.2f} {ratio:>6} {r['ttft_s']:>7.2f} {thr:>9}")
+        if len(rounds) > 1:
+            for n in args.streams[1:] if 1 in ratios else ():
+                per = ", ".join(f"{rnd[args.streams.index(n)]['aggregate'] / rnd[args.streams.index(1)]['aggregate']:.2f}"
+                                for rnd in rounds)
+                print(f"{n} streams vs 1, per round: {per}")
         snap = requests.get(base + "/dashboard/stats", timeout=10).json().get("thermal") or {}
         print()
         print("thermal: " + ("no thermal zones or cpufreq policies readable on this machine"
@@ -197,8 +231,8 @@ def main(argv=None) -> int:
                              "the CPU throttled during the run" if any(r["throttled_s"] > 0 for r in rows)
                              else "no throttling observed during the run"))
         for n, target in ((4, 3.5), (8, 5.0)):     # the kernels issue's targets, on a quiet machine
-            if one and n in args.streams:
-                got = next(r for r in rows if r["streams"] == n)["aggregate"] / one
+            if n in ratios:
+                got = ratios[n]
                 print(f"{n} streams vs 1: {got:.2f}x (target >= {target}x): {'MET' if got >= target else 'MISSED'}")
         return 0
 
