@@ -499,17 +499,7 @@ def silu_mul(gate, up, out=None, path="simd"):
     if gate.shape != up.shape:
         raise ValueError(f"up has shape {up.shape}, gate has {gate.shape}")
     out = _out_any(out, gate, "gate")
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>gate)
-    cdef const float *g = <const float *>_data(gate)
-    cdef const float *u = <const float *>_data(up)
-    cdef float *o = <float *>_data(out)
-    if n == 0:
-        return out
-    with nogil:
-        if simd:
-            silu_mul_simd(g, u, n, o)
-        else:
-            silu_mul_portable(g, u, n, o)
+    _silu_mul_run(gate, 0, up, 0, out, 1, cnp.PyArray_SIZE(<cnp.ndarray>gate), simd)
     return out
 
 
@@ -519,20 +509,26 @@ cdef object _silu_mul_rows(gate, up, out, bint simd):
     cdef Py_ssize_t lu = _row_stride(up, "up", 2, "float32 [M, F]")
     if gate.shape != up.shape:
         raise ValueError(f"up has shape {up.shape}, gate has {gate.shape}")
-    cdef Py_ssize_t M = _dim(gate, 0), F = _dim(gate, 1), m
+    cdef Py_ssize_t M = _dim(gate, 0), F = _dim(gate, 1)
     out = _out2(out, M, F)
+    _silu_mul_run(gate, lg, up, lu, out, M, F, simd)
+    return out
+
+
+cdef void _silu_mul_run(gate, Py_ssize_t lg, up, Py_ssize_t lu, out, Py_ssize_t M, Py_ssize_t F, bint simd):
+    """M rows of F: row m of gate at m * lg, of up at m * lu, of out (C-contiguous) at m * F."""
     cdef const float *g = <const float *>_data(gate)
     cdef const float *u = <const float *>_data(up)
     cdef float *o = <float *>_data(out)
+    cdef Py_ssize_t m
     if F == 0:
-        return out
+        return
     with nogil:
         for m in range(M):
             if simd:
                 silu_mul_simd(g + m * lg, u + m * lu, F, o + m * F)
             else:
                 silu_mul_portable(g + m * lg, u + m * lu, F, o + m * F)
-    return out
 
 
 def layer_norm(x, w, b, float eps, out=None, path="simd"):
