@@ -220,7 +220,7 @@ def main(argv=None) -> int:
             print(f"{r['streams']:>7} {r['aggregate']:>10.2f} {r['per_stream']:>10.2f} {r['ms_per_step']:>9.1f} "
                   f"{r['mean_batch']:>10.2f} {ratio:>6} {r['ttft_s']:>7.2f} {thr:>9}")
         if len(rounds) > 1:
-            for n in args.streams[1:] if 1 in ratios else ():
+            for n in [n for n in args.streams if n != 1] if 1 in ratios else ():
                 per = ", ".join(f"{rnd[args.streams.index(n)]['aggregate'] / rnd[args.streams.index(1)]['aggregate']:.2f}"
                                 for rnd in rounds)
                 print(f"{n} streams vs 1, per round: {per}")
