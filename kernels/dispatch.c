@@ -191,6 +191,15 @@ int kernel_last_threads(int family)
     return __atomic_load_n(&kernels_threads_ran[family], __ATOMIC_RELAXED);
 }
 
+int kernel_attention_q8_weight_bits(void)
+{
+#if defined(KERNELS_NEON)
+    return 15;
+#else
+    return 0;
+#endif
+}
+
 const char *kernel_path(void)
 {
 #if defined(KERNELS_AVX2)

@@ -168,6 +168,7 @@ cdef extern from "kernels.h" nogil:
     const char *kernel_attention_variant()
     const char *kernel_attention_variants()
     int kernel_set_attention_variant(const char *name)
+    int kernel_attention_q8_weight_bits()
 
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()

@@ -328,6 +328,14 @@ def attention_variants():
     return ["numpy"]
 
 
+def attention_q8_weight_bits(path="simd"):
+    return 0   # float64 throughout
+
+
+def attention_q8_tolerance(path="simd"):
+    return 2e-5
+
+
 def set_attention_variant(name):
     if name != "numpy":
         raise ValueError(f"attention variant {name!r} is not one this build and CPU run: numpy")

@@ -253,6 +253,116 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
         x[j] *= y[j];
 }
 
+/*
+ * q8 V in 16-bit integers. On the A76 the float accumulation above is bound by its arithmetic, not
+ * by memory: a key row of 128 columns for two heads is 8 conversions and 16 multiply-adds per 32
+ * columns, about 100 cycles a row by llvm-mca's Neoverse N1 model, while the row's 128 bytes
+ * arrive in far less. So the q8 V pass quantizes a block's weights (w[r, j] * vs[j]) to 15 bits
+ * against their largest, sums w16 * v in int32 with smlal (exact, so any
+ * order), and adds each sum times the block's factor once per block: for a pair of heads 16
+ * cycles per 32 columns of a key row against the float loop's 25 by llvm-mca's Neoverse N1 model
+ * (smlal issues on one vector pipe only, so not the 2.3x fewer operations; bench/gemm_mca.py). The weights' rounding is at most 2^-16 of the block's
+ * largest weight, far inside the kernels' attention tolerance (2e-5 of max|V|) and the q8 cache's
+ * own rounding (2^-8 of a row's largest value). Weights that 15 bits cannot scale (NaN, inf, or a
+ * largest below ACCUM16_MIN_WEIGHT) take the float route above.
+ */
+#define ATTN_ACCUM_Q8_S16 1
+#define ACCUM16_ROWS 256              /* 256 * 32767 * 128 < 2^31: a chunk's int32 sums cannot overflow */
+#define ACCUM16_MIN_WEIGHT 1e-30f     /* 32767 / it stays finite */
+
+/* wq[j] = round(w[j] * 32767 / max |w|) for n <= ACCUM16_ROWS weights; the factor back
+ * (max |w| / 32767), 0 when every weight is 0 (nothing to add), or -1 when 15 bits cannot scale
+ * them. (The engine's weights are never negative; a caller's own V scales may be.) */
+ALWAYS_INLINE float quantize_weights_s16(const float *w, int64_t n, int16_t *wq)
+{
+    float32x4_t m4 = vdupq_n_f32(0.0f);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        m4 = vmaxq_f32(m4, vabsq_f32(vld1q_f32(w + j)));   /* FMAX keeps a NaN (FMAXNM would drop it) */
+    float m = vmaxvq_f32(m4);
+    for (; j < n; j++)
+        m = fabsf(w[j]) > m || w[j] != w[j] ? fabsf(w[j]) : m;
+    if (m == 0.0f)
+        return 0.0f;
+    if (!(m >= ACCUM16_MIN_WEIGHT && m <= 3.0e38f))
+        return -1.0f;
+    const float inv = 32767.0f / m;
+    for (j = 0; j + 8 <= n; j += 8) {
+        const int32x4_t lo = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j), inv));
+        const int32x4_t hi = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j + 4), inv));
+        vst1q_s16(wq + j, vcombine_s16(vqmovn_s32(lo), vqmovn_s32(hi)));
+    }
+    for (; j < n; j++)
+        wq[j] = (int16_t)vcvtns_s32_f32(w[j] * inv);
+    return m / 32767.0f;
+}
+
+/* acc[r][d] += f[r] * sum_j wq[r][j] * v[j][d] for gh = 1 or 2 rows, 32 columns at a time. */
+ALWAYS_INLINE void accum16_heads(const int gh, const int8_t *v, int64_t n, int64_t hd, const int16_t *w0,
+                                 const int16_t *w1, float f0, float f1, float *acc0, float *acc1)
+{
+    for (int64_t d0 = 0; d0 < hd; d0 += QK) {
+        int32x4_t a[8], b[8];
+        for (int i = 0; i < 8; i++) {
+            a[i] = vdupq_n_s32(0);
+            b[i] = vdupq_n_s32(0);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const int8x16_t x0 = vld1q_s8(v + j * hd + d0), x1 = vld1q_s8(v + j * hd + d0 + 16);
+            const int16x8_t h[4] = {vmovl_s8(vget_low_s8(x0)), vmovl_high_s8(x0), vmovl_s8(vget_low_s8(x1)),
+                                    vmovl_high_s8(x1)};
+            for (int k = 0; k < 4; k++) {
+                a[2 * k] = vmlal_n_s16(a[2 * k], vget_low_s16(h[k]), w0[j]);
+                a[2 * k + 1] = vmlal_high_n_s16(a[2 * k + 1], h[k], w0[j]);
+                if (gh == 2) {
+                    b[2 * k] = vmlal_n_s16(b[2 * k], vget_low_s16(h[k]), w1[j]);
+                    b[2 * k + 1] = vmlal_high_n_s16(b[2 * k + 1], h[k], w1[j]);
+                }
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            float *p0 = acc0 + d0 + 4 * i;
+            vst1q_f32(p0, vfmaq_n_f32(vld1q_f32(p0), vcvtq_f32_s32(a[i]), f0));
+            if (gh == 2) {
+                float *p1 = acc1 + d0 + 4 * i;
+                vst1q_f32(p1, vfmaq_n_f32(vld1q_f32(p1), vcvtq_f32_s32(b[i]), f1));
+            }
+        }
+    }
+}
+
+/* acc[g, :] += sum_j w[g, j] * v row j (w already times vs) for every row of the group, over
+ * chunks of ACCUM16_ROWS key rows, two rows at a time where both take the integer route. Each
+ * row's bits depend on its own weights only (a query alone gets the bits it gets in a prefill
+ * tile): a row whose weights 15 bits cannot scale goes the float way alone, and a row of zero
+ * weights adds nothing. (Four rows in integers cost what the float accum_rows4 does, 16 cycles
+ * per 16 columns by llvm-mca's N1 model: smlal issues on one vector pipe, fmla on two.) */
+ALWAYS_INLINE void accum_q8_s16(const int8_t *v, int64_t n, int64_t group, int64_t hd, const float *w,
+                                int64_t ld, float *acc)
+{
+    int16_t wq[2][ACCUM16_ROWS];
+    for (int64_t g = 0; g < group; g += 2) {
+        const int gh = group - g >= 2 ? 2 : 1;
+        for (int64_t c0 = 0; c0 < n; c0 += ACCUM16_ROWS) {
+            const int64_t nn = n - c0 < ACCUM16_ROWS ? n - c0 : ACCUM16_ROWS;
+            float f[2] = {0.0f, 0.0f};
+            for (int r = 0; r < gh; r++)
+                f[r] = quantize_weights_s16(w + (g + r) * ld + c0, nn, wq[r]);
+            if (gh == 2 && f[0] > 0.0f && f[1] > 0.0f) {
+                accum16_heads(2, v + c0 * hd, nn, hd, wq[0], wq[1], f[0], f[1], acc + g * hd, acc + (g + 1) * hd);
+                continue;
+            }
+            for (int r = 0; r < gh; r++) {
+                float *const ar = acc + (g + r) * hd;
+                if (f[r] > 0.0f)
+                    accum16_heads(1, v + c0 * hd, nn, hd, wq[r], NULL, f[r], 0.0f, ar, NULL);
+                else if (f[r] < 0.0f)
+                    accum_heads(KV_Q8, 1, v + c0 * hd, NULL, nn, hd, w + (g + r) * ld + c0, NULL, ar, NULL);
+            }
+        }
+    }
+}
+
 #include "../attention_accum_simd.h"
 
 static float attn_max(const float *s, int64_t n)

@@ -27,7 +27,8 @@ KERNELS = REPO / "kernels"
 NOT_KERNELS = {"set_threads", "get_threads", "last_threads", "kernel_path", "cpu_supported", "cpu_features",
                "pool_stats", "pool_hold_workers", "pool_set_spin_us", "pool_stall_workers", "pool_late_workers",
                "gemm_variant", "gemm_variants", "set_gemm_variant", "strips_fast",
-               "attention_variant", "attention_variants", "set_attention_variant"}
+               "attention_variant", "attention_variants", "set_attention_variant",
+               "attention_q8_weight_bits", "attention_q8_tolerance"}
 
 
 def _c_type(text: str) -> str:

@@ -12,7 +12,7 @@ from appliance.kernels import quant
 from appliance.kernels import reference
 
 from kernel_cases import PATHS, gemm_abs_bound, make_case
-from test_kernels_attention import ATTN_TOL
+from test_kernels_attention import attn_tol
 from test_kernels_elementwise import GELU_ATOL, GELU_RTOL, LAYER_NORM_RTOL, RMSNORM_RTOL, ROPE_ATOL, SILU_RTOL
 from test_kernels_gemm import GEMM_RTOL
 
@@ -84,7 +84,7 @@ def test_attention(path, kind):
     else:
         cache = case.q4()[0]
         got, want = K.attention_q4(case.q, *cache, *lists, path=path), reference.attention_q4(case.q, *cache, *lists)
-    assert np.abs(got - want).max() <= ATTN_TOL * np.abs(case.v_f32).max()
+    assert np.abs(got - want).max() <= attn_tol(kind, path) * np.abs(case.v_f32).max()
 
 
 @pytest.mark.parametrize("path", PATHS)

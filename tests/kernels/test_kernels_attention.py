@@ -10,6 +10,11 @@ from kernel_cases import PATHS, PagedCase, make_case, nmse, quantize_q_rows
 # Same definition (q quantized as the kernel does, dequantized cache), float64 reference:
 # max error relative to max|V|. Float32 scores/exp/accumulation only.
 ATTN_TOL = 2e-5
+
+
+def attn_tol(kind, path):
+    """ATTN_TOL, or for q8 the kernel's own bound: the NEON path sums V with 15-bit weights."""
+    return K.attention_q8_tolerance(path) if kind == "q8" else ATTN_TOL
 # Against exact float attention (nothing quantized): normalized mean squared error.
 ATTN_Q8_VS_EXACT_NMSE = 2e-3
 ATTN_Q4_VS_EXACT_NMSE = 5e-2
@@ -40,7 +45,7 @@ def _run(kind, case, path, threads=0):
     return out, k_deq, v_deq
 
 
-def _check_same_definition(kind, case, out, k_deq, v_deq):
+def _check_same_definition(kind, case, out, k_deq, v_deq, path):
     if kind == "f32":
         q_deq, k_deq, v_deq = case.q.astype(np.float64), case.k_f32, case.v_f32
     else:
@@ -50,7 +55,7 @@ def _check_same_definition(kind, case, out, k_deq, v_deq):
     assert out.shape == case.q.shape and out.dtype == np.float32
     assert np.isfinite(out).all()
     err = np.abs(out - ref).max()
-    assert err <= ATTN_TOL * np.abs(v_deq).max(), err
+    assert err <= attn_tol(kind, path) * np.abs(v_deq).max(), err
     return ref
 
 
@@ -62,7 +67,7 @@ def test_attention_sweep(kind, path, case_args):
     rng = np.random.default_rng(hash(case_args) % 2**32)
     case = make_case(rng, T, n_kv, group, hd, bs, context, per_head=per_head, nsel=nsel)
     out, k_deq, v_deq = _run(kind, case, path)
-    _check_same_definition(kind, case, out, k_deq, v_deq)
+    _check_same_definition(kind, case, out, k_deq, v_deq, path)
 
 
 @pytest.mark.parametrize("kind,limit", [("q8", ATTN_Q8_VS_EXACT_NMSE), ("q4", ATTN_Q4_VS_EXACT_NMSE),
@@ -88,7 +93,7 @@ def test_attention_decode_long_context_threads(kind):
     for path in PATHS:
         for threads in (1, 2):
             outs[path, threads], k_deq, v_deq = _run(kind, case, path, threads)
-        _check_same_definition(kind, case, outs[path, 1], k_deq, v_deq)
+        _check_same_definition(kind, case, outs[path, 1], k_deq, v_deq, path)
         assert np.array_equal(outs[path, 1], outs[path, 2])
 
 
@@ -114,7 +119,7 @@ def test_attention_causal_inside_a_block_and_nothing_visible():
     for kind in ("q8", "q4", "f32"):
         for path in PATHS:
             out, k_deq, v_deq = _run(kind, case, path)
-            _check_same_definition(kind, case, out, k_deq, v_deq)
+            _check_same_definition(kind, case, out, k_deq, v_deq, path)
             assert not out[0].any()
 
 
@@ -126,7 +131,7 @@ def test_attention_per_head_table_differs_from_shared():
     h0 = case.table[0]
     case.table, case.blockpos, case.count = h0, case.blockpos[0], case.count[0]
     out1d, k_deq, v_deq = _run("q8", case, "simd")
-    _check_same_definition("q8", case, out1d, k_deq, v_deq)
+    _check_same_definition("q8", case, out1d, k_deq, v_deq, "simd")
     assert np.array_equal(out1d[:, :2], out2d[:, :2])        # kv head 0 had these blocks anyway
     assert not np.array_equal(out1d[:, 2:], out2d[:, 2:])
 
@@ -138,7 +143,7 @@ def test_attention_large_scores_stay_finite():
     for kind in ("q8", "q4", "f32"):
         for path in PATHS:
             out, k_deq, v_deq = _run(kind, case, path)
-            _check_same_definition(kind, case, out, k_deq, v_deq)
+            _check_same_definition(kind, case, out, k_deq, v_deq, path)
 
 
 def test_attention_out_argument():
@@ -163,3 +168,34 @@ def test_attention_batch_equals_one_query_at_a_time(kind):
                             case.blockpos, case.count, case.qpos[t:t + 1].copy(), case.scale)
             single, _, _ = _run(kind, one, path)
             assert np.array_equal(single[0], batch[t])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_attention_q8_values_the_weights_15_bits_cannot_scale_and_long_blocks(path):
+    """Where the q8 V pass sums with 15-bit weights (NEON), a block's weights are scaled to their
+    largest: V scales so small (1e-36) that 15 bits cannot scale them, negative V scales (a
+    caller's own), V rows of zeros and blocks of 600 rows (more than one 256-row chunk of int32
+    sums) must still give the definition's numbers; on float paths the same holds trivially."""
+    rng = np.random.default_rng(31)
+    case = make_case(rng, 3, 2, 4, 64, 600, 1300)
+    (kq, ks, vq, vs), k_deq, _ = case.q8()
+    vs, blocks = vs.copy(), case.table
+    vs[blocks[0]] *= 1e-36              # every row of the first block: weights below 1e-30
+    vs[blocks[1], 0, ::3] *= -1.0       # some rows of the second, head 0: negative weights
+    vs[blocks[2], 1] = 0.0              # the last block (100 rows) adds nothing for head 1
+    v_deq = vq.astype(np.float64) * vs.astype(np.float64)[..., None]
+    out = K.attention_q8(case.q, kq, ks, vq, vs, case.table, case.blockpos, case.count, case.qpos, case.scale,
+                         path=path)
+    ref = reference.attention_f32(quantize_q_rows(case.q), k_deq, v_deq, case.table, case.blockpos, case.count,
+                                  case.qpos, case.scale)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() <= K.attention_q8_tolerance(path) * np.abs(v_deq).max()
+    assert reference.attention_q8_weight_bits(path) == 0 and reference.attention_q8_tolerance(path) == ATTN_TOL
+
+
+def test_attention_q8_weight_bits_name_the_path():
+    """15-bit integer weights on NEON's simd path, float elsewhere; the tolerance follows."""
+    bits = K.attention_q8_weight_bits("simd")
+    assert bits == (15 if K.kernel_path().startswith("neon") and K.cpu_supported() else 0)
+    assert K.attention_q8_weight_bits("portable") == 0 and K.attention_q8_tolerance("portable") == ATTN_TOL
+    assert K.attention_q8_tolerance("simd") == (ATTN_TOL if bits == 0 else ATTN_TOL + 8.0 * 2.0 ** -bits)
