@@ -255,15 +255,16 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
 
 /*
  * q8 V in 16-bit integers. On the A76 the float accumulation above is bound by its arithmetic, not
- * by memory: a key row of 128 columns for two heads is 8 conversions and 16 multiply-adds per 32
- * columns, about 100 cycles a row by llvm-mca's Neoverse N1 model, while the row's 128 bytes
- * arrive in far less. So the q8 V pass quantizes a block's weights (w[r, j] * vs[j]) to 15 bits
- * against their largest, sums w16 * v in int32 with smlal (exact, so any
- * order), and adds each sum times the block's factor once per block: for a pair of heads 16
- * cycles per 32 columns of a key row against the float loop's 25 by llvm-mca's Neoverse N1 model
- * (smlal issues on one vector pipe only, so not the 2.3x fewer operations; bench/gemm_mca.py). The weights' rounding is at most 2^-16 of the block's
- * largest weight, far inside the kernels' attention tolerance (2e-5 of max|V|) and the q8 cache's
- * own rounding (2^-8 of a row's largest value). Weights that 15 bits cannot scale (NaN, inf, or a
+ * by memory: per 32 columns of a key row and a pair of heads it spends 8 conversions and 16
+ * multiply-adds, 25 cycles by llvm-mca's Neoverse N1 model, so 100 cycles a 128-byte row: about
+ * 3 GB/s of V a core at 2.4 GHz, below a core's share of the board's memory bandwidth. So the q8 V
+ * pass quantizes a block's weights (w[r, j] * vs[j]) to 15 bits against their largest, sums
+ * w16 * v in int32 with smlal (exact, so in any order), and adds each sum times the block's
+ * factor once per block: 16 cycles per 32 columns and head pair by the same model (smlal issues
+ * on one vector pipe, so not the 2.3x fewer operations; bench/gemm_mca.py). Rounding a weight
+ * moves it by at most 2^-16 of the block's largest, which sums to about 2^-15 of max|V| in the
+ * output, against 2^-8 of a row's largest value for the q8 cache's own rounding
+ * (attention_q8_tolerance in kernels.pyx). Weights that 15 bits cannot scale (NaN, inf, or a
  * largest below ACCUM16_MIN_WEIGHT) take the float route above.
  */
 #define ATTN_ACCUM_Q8_S16 1
