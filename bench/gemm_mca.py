@@ -53,12 +53,13 @@ KERNELS = [
     Kernel("sdot 4x8 (packed, NEON dotprod)", "arm", "kernels/arm/neon.c", "gemm_packed_tile_sdot",
            [("neoverse-n1", True), ("cortex-a76", False), ("cortex-a55", False)],
            r"^sdot\s+v\d+\.4s", 16, _stream("sdot v{i}.4s, v20.16b, v16.4b[0]")),
-    # Not a GEMM, the same measure: the q8 attention's V pass on NEON, a key row's 32 columns for a
-    # pair of heads an iteration (kernels/arm/neon_attention.c; the float loop it replaced took 25.0
-    # cycles by llvm-19's neoverse-n1 model). smlal issues on one vector pipe, hence its peak.
-    Kernel("smlal V pass, 2 heads (NEON attn q8)", "arm", "kernels/arm/neon_attention.c", "unit_scan_simd",
+    # Not a GEMM, the same measure: the q8 attention's V pass on NEON, four key rows' 16 columns
+    # for a pair of heads an iteration, each weight in two int8 halves (kernels/arm/neon_attention.c;
+    # the float loop it replaced took 25.0 cycles for one row's 32 columns, 50 for this work, by
+    # llvm-19's neoverse-n1 model).
+    Kernel("sdot V pass, 2 heads (NEON attn q8)", "arm", "kernels/arm/neon_attention.c", "unit_scan_simd",
            [("neoverse-n1", False), ("cortex-a55", False)],
-           r"^smlal2?\s+v\d+\.4s", 4, _stream("smlal v{i}.4s, v20.4h, v2.h[0]"), r"^ldp\s+q"),
+           r"^sdot\s+v\d+\.4s", 16, _stream("sdot v{i}.4s, v20.16b, v16.16b"), r"^zip1"),
     Kernel("avx2 4x8 (packed, maddubs)", "x86", "kernels/x86/avx2.c", "gemm_packed_tile_avx2",
            [("znver3", False), ("icelake-server", False), ("sapphirerapids", False)],
            r"^vpmaddubsw\s+.*%ymm", 32, _stream("vpmaddubsw %ymm14, %ymm15, %ymm{i}")),

@@ -6,8 +6,8 @@
  *   accum_rows4(kind, v, vs, n, hd, w, ld, acc)                 rows 0..3 of w and acc;
  *   accum_heads(kind, gh, v, vs, n, hd, w0, w1, acc0, acc1)     gh = 1 or 2 rows;
  *   mul_inplace(x, y, n)                                        x[j] *= y[j];
- * and, to accumulate q8 V its own way, ATTN_ACCUM_Q8_S16 and
- *   accum_q8_s16(v, n, group, hd, w, ld, acc)                   w: the weights times vs;
+ * and, to accumulate q8 V its own way, ATTN_ACCUM_Q8_INT and
+ *   accum_q8_int(v, n, group, hd, w, ld, acc)                   w: the weights times vs;
  * then includes this header.
  */
 
@@ -29,8 +29,8 @@ ALWAYS_INLINE void attn_accum_q8(const int8_t *v, const float *vs, int64_t n, in
     /* Fold the row scale into the weight once per (head, row), as the portable path does. */
     for (int64_t g = 0; g < group; g++)
         mul_inplace(w + g * ld, vs, n);
-#if defined(ATTN_ACCUM_Q8_S16)
-    accum_q8_s16(v, n, group, hd, w, ld, acc);   /* the path's integer route (NEON) */
+#if defined(ATTN_ACCUM_Q8_INT)
+    accum_q8_int(v, n, group, hd, w, ld, acc);   /* the path's integer route (NEON) */
 #else
     accum_all(KV_Q8, v, NULL, n, group, hd, w, ld, acc);
 #endif

@@ -194,7 +194,7 @@ int kernel_last_threads(int family)
 int kernel_attention_q8_weight_bits(void)
 {
 #if defined(KERNELS_NEON)
-    return 15;
+    return 14;
 #else
     return 0;
 #endif

@@ -314,7 +314,7 @@ const char *kernel_attention_variant(void);
 const char *kernel_attention_variants(void);
 int kernel_set_attention_variant(const char *name);
 /* The bits attention_q8_simd's V pass gives a block's softmax weights: 0 where it multiplies in
- * float (x86: both instantiations; portable), 15 on NEON, which sums them as integers
+ * float (x86: both instantiations; portable), 14 on NEON, which sums them as integers
  * (arm/neon_attention.c). A caller comparing against float attention sizes its tolerance by it. */
 int kernel_attention_q8_weight_bits(void);
 

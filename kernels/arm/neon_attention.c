@@ -8,6 +8,7 @@
 
 #if defined(KERNELS_NEON)
 #include <math.h>
+#include <string.h>
 #include "neon_common.h"
 
 static void attn_quantize_q(const float *q, int64_t rows, int64_t hd, int8_t *qq, float *qd)
@@ -254,27 +255,41 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
 }
 
 /*
- * q8 V in 16-bit integers. On the A76 the float accumulation above is bound by its arithmetic, not
- * by memory: per 32 columns of a key row and a pair of heads it spends 8 conversions and 16
- * multiply-adds, 25 cycles by llvm-mca's Neoverse N1 model, so 100 cycles a 128-byte row: about
- * 3 GB/s of V a core at 2.4 GHz, below a core's share of the board's memory bandwidth. So the q8 V
- * pass quantizes a block's weights (w[r, j] * vs[j]) to 15 bits against their largest, sums
- * w16 * v in int32 with smlal (exact, so in any order), and adds each sum times the block's
- * factor once per block: 16 cycles per 32 columns and head pair by the same model (smlal issues
- * on one vector pipe, so not the 2.3x fewer operations; bench/gemm_mca.py). Rounding a weight
- * moves it by at most 2^-16 of the block's largest, which sums to about 2^-15 of max|V| in the
- * output, against 2^-8 of a row's largest value for the q8 cache's own rounding
- * (attention_q8_tolerance in kernels.pyx). Weights that 15 bits cannot scale (NaN, inf, or a
- * largest below ACCUM16_MIN_WEIGHT) take the float route above.
+ * q8 V in integers. On the A76 the float accumulation above is bound by its arithmetic, not by
+ * memory: per 32 columns of a key row and a pair of heads it spends 8 conversions, 12 widenings
+ * and 16 multiply-adds, 25 cycles by llvm-mca's Neoverse N1 model, so 100 cycles a 128-byte row:
+ * about 3 GB/s of V a core at 2.4 GHz, below a core's share of the board's memory bandwidth.
+ *
+ * So the q8 V pass scales a block's weights (w[r, j] * vs[j]) to integers wq in [-ACCUM_Q,
+ * ACCUM_Q] against their largest, sums wq * v exactly in int32, and adds each sum times the
+ * block's factor once per block. With dotprod, four key rows at a time are interleaved so that
+ * each 32-bit lane holds one column's four values, and sdot multiplies them by the four rows'
+ * weights, split as wq = 128 * hi + lo (hi, lo int8): 7 cycles per 32 columns of a row and head
+ * pair by the N1 model (bench/gemm_mca.py: 14 for four rows of 16 columns). The rows past the
+ * last four, and every row without dotprod, widen to 16 bits and use smlal (16 cycles). Both give
+ * the same int32 sums, so the same bits.
+ *
+ * Rounding a weight moves it by at most 2^-15 of the block's largest, which sums to about 2^-14
+ * of max|V| in the output, against 2^-8 of a row's largest value for the q8 cache's own rounding
+ * (attention_q8_tolerance in kernels.pyx). Weights that cannot be scaled (NaN, inf, or a largest
+ * below ACCUM_MIN_WEIGHT) take the float route above.
  */
-#define ATTN_ACCUM_Q8_S16 1
-#define ACCUM16_ROWS 256              /* 256 * 32767 * 128 < 2^31: a chunk's int32 sums cannot overflow */
-#define ACCUM16_MIN_WEIGHT 1e-30f     /* 32767 / it stays finite */
+#define ATTN_ACCUM_Q8_INT 1
+#define ACCUM_Q 16256                /* 127 * 128: splits into 128 * hi + lo, hi in [-127, 127], lo in [-64, 63] */
+#define ACCUM_ROWS 256               /* 256 * 16256 * 128 < 2^31: a chunk's int32 sums cannot overflow */
+#define ACCUM_MIN_WEIGHT 1e-30f      /* ACCUM_Q / it stays finite */
 
-/* wq[j] = round(w[j] * 32767 / max |w|) for n <= ACCUM16_ROWS weights; the factor back
- * (max |w| / 32767), 0 when every weight is 0 (nothing to add), or -1 when 15 bits cannot scale
- * them. (The engine's weights are never negative; a caller's own V scales may be.) */
-ALWAYS_INLINE float quantize_weights_s16(const float *w, int64_t n, int16_t *wq)
+/* The integer weights of n <= ACCUM_ROWS key rows for one query row: wq[j] = round(w[j] * ACCUM_Q
+ * / max |w|), and their halves hi[j] = (wq + 64) >> 7, lo[j] = wq - 128 * hi (sdot's operands).
+ * Returns the factor back (max |w| / ACCUM_Q), 0 when every weight is 0 (nothing to add), or -1
+ * when they cannot be scaled. (The engine's weights are never negative; a caller's own V scales
+ * may be.) */
+struct accum_weights {
+    int16_t wq[ACCUM_ROWS];
+    int8_t hi[ACCUM_ROWS], lo[ACCUM_ROWS];
+};
+
+ALWAYS_INLINE float quantize_weights(const float *w, int64_t n, struct accum_weights *q)
 {
     float32x4_t m4 = vdupq_n_f32(0.0f);
     int64_t j = 0;
@@ -285,43 +300,102 @@ ALWAYS_INLINE float quantize_weights_s16(const float *w, int64_t n, int16_t *wq)
         m = fabsf(w[j]) > m || w[j] != w[j] ? fabsf(w[j]) : m;
     if (m == 0.0f)
         return 0.0f;
-    if (!(m >= ACCUM16_MIN_WEIGHT && m <= 3.0e38f))
+    if (!(m >= ACCUM_MIN_WEIGHT && m <= 3.0e38f))
         return -1.0f;
-    const float inv = 32767.0f / m;
+    const float inv = (float)ACCUM_Q / m;
     for (j = 0; j + 8 <= n; j += 8) {
-        const int32x4_t lo = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j), inv));
-        const int32x4_t hi = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j + 4), inv));
-        vst1q_s16(wq + j, vcombine_s16(vqmovn_s32(lo), vqmovn_s32(hi)));
+        const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j), inv));
+        const int32x4_t b = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j + 4), inv));
+        const int16x8_t wq = vcombine_s16(vqmovn_s32(a), vqmovn_s32(b));
+        const int16x8_t hi = vshrq_n_s16(vaddq_s16(wq, vdupq_n_s16(64)), 7);
+        vst1q_s16(q->wq + j, wq);
+        vst1_s8(q->hi + j, vmovn_s16(hi));
+        vst1_s8(q->lo + j, vmovn_s16(vsubq_s16(wq, vshlq_n_s16(hi, 7))));
     }
-    for (; j < n; j++)
-        wq[j] = (int16_t)vcvtns_s32_f32(w[j] * inv);
-    return m / 32767.0f;
+    for (; j < n; j++) {
+        const int32_t wq = vcvtns_s32_f32(w[j] * inv);
+        const int32_t hi = (wq + 64) >> 7;   /* arithmetic shift: floor */
+        q->wq[j] = (int16_t)wq;
+        q->hi[j] = (int8_t)hi;
+        q->lo[j] = (int8_t)(wq - 128 * hi);
+    }
+    return m / (float)ACCUM_Q;
 }
 
-/* acc[r][d] += f[r] * sum_j wq[r][j] * v[j][d] for gh = 1 or 2 rows, 32 columns at a time. */
-ALWAYS_INLINE void accum16_heads(const int gh, const int8_t *v, int64_t n, int64_t hd, const int16_t *w0,
-                                 const int16_t *w1, float f0, float f1, float *acc0, float *acc1)
+/* The four weights of rows j .. j+3 in every 32-bit lane: sdot's second operand. */
+ALWAYS_INLINE int8x16_t weights4(const int8_t *p)
 {
-    for (int64_t d0 = 0; d0 < hd; d0 += QK) {
-        int32x4_t a[8], b[8];
-        for (int i = 0; i < 8; i++) {
-            a[i] = vdupq_n_s32(0);
-            b[i] = vdupq_n_s32(0);
-        }
-        for (int64_t j = 0; j < n; j++) {
-            const int8x16_t x0 = vld1q_s8(v + j * hd + d0), x1 = vld1q_s8(v + j * hd + d0 + 16);
-            const int16x8_t h[4] = {vmovl_s8(vget_low_s8(x0)), vmovl_high_s8(x0), vmovl_s8(vget_low_s8(x1)),
-                                    vmovl_high_s8(x1)};
-            for (int k = 0; k < 4; k++) {
-                a[2 * k] = vmlal_n_s16(a[2 * k], vget_low_s16(h[k]), w0[j]);
-                a[2 * k + 1] = vmlal_high_n_s16(a[2 * k + 1], h[k], w0[j]);
+    int32_t x;
+    memcpy(&x, p, sizeof x);
+    return vreinterpretq_s8_s32(vdupq_n_s32(x));
+}
+
+/* acc[r][d] += f[r] * sum_j wq[r][j] * v[j][d] for gh = 1 or 2 query rows, 16 columns at a time. */
+ALWAYS_INLINE void accum_int_heads(const int gh, const int8_t *v, int64_t n, int64_t hd,
+                                   const struct accum_weights *q0, const struct accum_weights *q1, float f0,
+                                   float f1, float *acc0, float *acc1)
+{
+#if defined(__ARM_FEATURE_DOTPROD)
+    const int64_t n4 = n & ~(int64_t)3;
+#else
+    const int64_t n4 = 0;
+#endif
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        int32x4_t a[4], b[4];
+        for (int i = 0; i < 4; i++)
+            a[i] = b[i] = vdupq_n_s32(0);
+#if defined(__ARM_FEATURE_DOTPROD)
+        if (n4 > 0) {
+            int32x4_t ah[4], al[4], bh[4], bl[4];
+            for (int i = 0; i < 4; i++)
+                ah[i] = al[i] = bh[i] = bl[i] = vdupq_n_s32(0);
+            for (int64_t j = 0; j < n4; j += 4) {
+                const int8_t *r = v + j * hd + d0;
+                const int8x16_t r0 = vld1q_s8(r), r1 = vld1q_s8(r + hd), r2 = vld1q_s8(r + 2 * hd),
+                                r3 = vld1q_s8(r + 3 * hd);
+                const int16x8_t z01l = vreinterpretq_s16_s8(vzip1q_s8(r0, r1)), z01h = vreinterpretq_s16_s8(vzip2q_s8(r0, r1));
+                const int16x8_t z23l = vreinterpretq_s16_s8(vzip1q_s8(r2, r3)), z23h = vreinterpretq_s16_s8(vzip2q_s8(r2, r3));
+                /* c[i]: columns 4i .. 4i+3, each lane the four rows' values of one column */
+                const int8x16_t c[4] = {vreinterpretq_s8_s16(vzip1q_s16(z01l, z23l)),
+                                        vreinterpretq_s8_s16(vzip2q_s16(z01l, z23l)),
+                                        vreinterpretq_s8_s16(vzip1q_s16(z01h, z23h)),
+                                        vreinterpretq_s8_s16(vzip2q_s16(z01h, z23h))};
+                const int8x16_t wh0 = weights4(q0->hi + j), wl0 = weights4(q0->lo + j);
+                for (int i = 0; i < 4; i++) {
+                    ah[i] = vdotq_s32(ah[i], c[i], wh0);
+                    al[i] = vdotq_s32(al[i], c[i], wl0);
+                }
                 if (gh == 2) {
-                    b[2 * k] = vmlal_n_s16(b[2 * k], vget_low_s16(h[k]), w1[j]);
-                    b[2 * k + 1] = vmlal_high_n_s16(b[2 * k + 1], h[k], w1[j]);
+                    const int8x16_t wh1 = weights4(q1->hi + j), wl1 = weights4(q1->lo + j);
+                    for (int i = 0; i < 4; i++) {
+                        bh[i] = vdotq_s32(bh[i], c[i], wh1);
+                        bl[i] = vdotq_s32(bl[i], c[i], wl1);
+                    }
                 }
             }
+            for (int i = 0; i < 4; i++) {
+                a[i] = vaddq_s32(vshlq_n_s32(ah[i], 7), al[i]);
+                b[i] = vaddq_s32(vshlq_n_s32(bh[i], 7), bl[i]);
+            }
         }
-        for (int i = 0; i < 8; i++) {
+#endif
+        for (int64_t j = n4; j < n; j++) {
+            const int8x16_t x = vld1q_s8(v + j * hd + d0);
+            const int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_high_s8(x);
+            const int16_t w0 = q0->wq[j];
+            a[0] = vmlal_n_s16(a[0], vget_low_s16(lo), w0);
+            a[1] = vmlal_high_n_s16(a[1], lo, w0);
+            a[2] = vmlal_n_s16(a[2], vget_low_s16(hi), w0);
+            a[3] = vmlal_high_n_s16(a[3], hi, w0);
+            if (gh == 2) {
+                const int16_t w1 = q1->wq[j];
+                b[0] = vmlal_n_s16(b[0], vget_low_s16(lo), w1);
+                b[1] = vmlal_high_n_s16(b[1], lo, w1);
+                b[2] = vmlal_n_s16(b[2], vget_low_s16(hi), w1);
+                b[3] = vmlal_high_n_s16(b[3], hi, w1);
+            }
+        }
+        for (int i = 0; i < 4; i++) {
             float *p0 = acc0 + d0 + 4 * i;
             vst1q_f32(p0, vfmaq_n_f32(vld1q_f32(p0), vcvtq_f32_s32(a[i]), f0));
             if (gh == 2) {
@@ -333,30 +407,29 @@ ALWAYS_INLINE void accum16_heads(const int gh, const int8_t *v, int64_t n, int64
 }
 
 /* acc[g, :] += sum_j w[g, j] * v row j (w already times vs) for every row of the group, over
- * chunks of ACCUM16_ROWS key rows, two rows at a time where both take the integer route. Each
- * row's bits depend on its own weights only (a query alone gets the bits it gets in a prefill
- * tile): a row whose weights 15 bits cannot scale goes the float way alone, and a row of zero
- * weights adds nothing. (Four rows in integers cost what the float accum_rows4 does, 16 cycles
- * per 16 columns by llvm-mca's N1 model: smlal issues on one vector pipe, fmla on two.) */
-ALWAYS_INLINE void accum_q8_s16(const int8_t *v, int64_t n, int64_t group, int64_t hd, const float *w,
+ * chunks of ACCUM_ROWS key rows, two rows at a time where both take the integer route. Each row's
+ * bits depend on its own weights only (a query alone gets the bits it gets in a prefill tile): a
+ * row whose weights cannot be scaled goes the float way alone, and a row of zero weights adds
+ * nothing. */
+ALWAYS_INLINE void accum_q8_int(const int8_t *v, int64_t n, int64_t group, int64_t hd, const float *w,
                                 int64_t ld, float *acc)
 {
-    int16_t wq[2][ACCUM16_ROWS];
+    struct accum_weights q[2];
     for (int64_t g = 0; g < group; g += 2) {
         const int gh = group - g >= 2 ? 2 : 1;
-        for (int64_t c0 = 0; c0 < n; c0 += ACCUM16_ROWS) {
-            const int64_t nn = n - c0 < ACCUM16_ROWS ? n - c0 : ACCUM16_ROWS;
+        for (int64_t c0 = 0; c0 < n; c0 += ACCUM_ROWS) {
+            const int64_t nn = n - c0 < ACCUM_ROWS ? n - c0 : ACCUM_ROWS;
             float f[2] = {0.0f, 0.0f};
             for (int r = 0; r < gh; r++)
-                f[r] = quantize_weights_s16(w + (g + r) * ld + c0, nn, wq[r]);
+                f[r] = quantize_weights(w + (g + r) * ld + c0, nn, &q[r]);
             if (gh == 2 && f[0] > 0.0f && f[1] > 0.0f) {
-                accum16_heads(2, v + c0 * hd, nn, hd, wq[0], wq[1], f[0], f[1], acc + g * hd, acc + (g + 1) * hd);
+                accum_int_heads(2, v + c0 * hd, nn, hd, &q[0], &q[1], f[0], f[1], acc + g * hd, acc + (g + 1) * hd);
                 continue;
             }
             for (int r = 0; r < gh; r++) {
                 float *const ar = acc + (g + r) * hd;
                 if (f[r] > 0.0f)
-                    accum16_heads(1, v + c0 * hd, nn, hd, wq[r], NULL, f[r], 0.0f, ar, NULL);
+                    accum_int_heads(1, v + c0 * hd, nn, hd, &q[r], NULL, f[r], 0.0f, ar, NULL);
                 else if (f[r] < 0.0f)
                     accum_heads(KV_Q8, 1, v + c0 * hd, NULL, nn, hd, w + (g + r) * ld + c0, NULL, ar, NULL);
             }

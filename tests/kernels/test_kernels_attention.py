@@ -13,7 +13,7 @@ ATTN_TOL = 2e-5
 
 
 def attn_tol(kind, path):
-    """ATTN_TOL, or for q8 the kernel's own bound: the NEON path sums V with 15-bit weights."""
+    """ATTN_TOL, or for q8 the kernel's own bound: the NEON path sums V with 14-bit weights."""
     return K.attention_q8_tolerance(path) if kind == "q8" else ATTN_TOL
 # Against exact float attention (nothing quantized): normalized mean squared error.
 ATTN_Q8_VS_EXACT_NMSE = 2e-3
@@ -171,9 +171,9 @@ def test_attention_batch_equals_one_query_at_a_time(kind):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_attention_q8_values_the_weights_15_bits_cannot_scale_and_long_blocks(path):
-    """Where the q8 V pass sums with 15-bit weights (NEON), a block's weights are scaled to their
-    largest: V scales so small (1e-36) that 15 bits cannot scale them, negative V scales (a
+def test_attention_q8_weights_integers_cannot_scale_and_long_blocks(path):
+    """Where the q8 V pass sums with 14-bit weights (NEON), a block's weights are scaled to their
+    largest: V scales so small (1e-36) that integers cannot scale them, negative V scales (a
     caller's own), V rows of zeros and blocks of 600 rows (more than one 256-row chunk of int32
     sums) must still give the definition's numbers; on float paths the same holds trivially."""
     rng = np.random.default_rng(31)
@@ -194,8 +194,8 @@ def test_attention_q8_values_the_weights_15_bits_cannot_scale_and_long_blocks(pa
 
 
 def test_attention_q8_weight_bits_name_the_path():
-    """15-bit integer weights on NEON's simd path, float elsewhere; the tolerance follows."""
+    """14-bit integer weights on NEON's simd path, float elsewhere; the tolerance follows."""
     bits = K.attention_q8_weight_bits("simd")
-    assert bits == (15 if K.kernel_path().startswith("neon") and K.cpu_supported() else 0)
+    assert bits == (14 if K.kernel_path().startswith("neon") and K.cpu_supported() else 0)
     assert K.attention_q8_weight_bits("portable") == 0 and K.attention_q8_tolerance("portable") == ATTN_TOL
     assert K.attention_q8_tolerance("simd") == (ATTN_TOL if bits == 0 else ATTN_TOL + 8.0 * 2.0 ** -bits)

@@ -12,6 +12,7 @@
  * must be bit-identical. The Python tests remain the reference.
  */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,15 @@ __attribute__((noinline)) static double max_err(const float *a, const float *b, 
     return worst;
 }
 
+/* A decode-sized GEMM or attention call may return while a worker that lost its core still reads
+ * its operands (kernels.h, kernel_pool_last_stale): free them only once it has left. */
+static void wait_for_late_workers(void)
+{
+    const uint64_t job = kernel_pool_last_stale();
+    while (job != 0 && !kernel_pool_released(job))
+        sched_yield();
+}
+
 static void check(int ok, const char *what, double detail)
 {
     if (!ok) {
@@ -64,6 +74,7 @@ __attribute__((noinline)) static void check_quantize(int64_t M, int64_t K)
     quantize_rows_q8_simd(x, M, K, q1, d1);
     check(memcmp(q0, q1, M * K) == 0 && memcmp(d0, d1, sizeof(float) * M * K / QK) == 0,
           "quantize_rows_q8 bit-identical", (double)K);
+    wait_for_late_workers();
     free(x); free(q0); free(q1); free(d0); free(d1);
 }
 
@@ -114,6 +125,7 @@ __attribute__((noinline)) static void check_gemm(int is_q4, int64_t M, int64_t N
     snprintf(what, sizeof what, "gemm_%s M=%lld N=%lld K=%lld", is_q4 ? "q4" : "q8",
              (long long)M, (long long)N, (long long)K);
     check(worst <= 1e-5, what, worst);
+    wait_for_late_workers();
     free(w); free(wd); free(xq); free(xd); free(y0); free(y1);
 }
 
@@ -212,6 +224,7 @@ __attribute__((noinline)) static void check_attention(int kind, int64_t T, int64
     /* q8 on NEON sums V with 15-bit weights: kernels.pyx attention_q8_tolerance */
     const int bits = kind == 0 ? kernel_attention_q8_weight_bits() : 0;
     check(worst <= 2e-5 + (bits ? 8.0 * ldexp(1.0, -bits) : 0.0), what, worst);
+    wait_for_late_workers();
     free(k); free(v); free(ks); free(vs); free(q); free(o0); free(o1);
     free(table); free(bpos); free(count); free(qpos);
 }
