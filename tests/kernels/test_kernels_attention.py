@@ -10,15 +10,16 @@ from kernel_cases import PATHS, PagedCase, make_case, nmse, quantize_q_rows
 # Same definition (q quantized as the kernel does, dequantized cache), float64 reference:
 # max error relative to max|V|. Float32 scores/exp/accumulation only.
 ATTN_TOL = 2e-5
+# Against exact float attention (nothing quantized): normalized mean squared error.
+ATTN_Q8_VS_EXACT_NMSE = 2e-3
+ATTN_Q4_VS_EXACT_NMSE = 5e-2
+ATTN_F32_VS_EXACT_NMSE = 1e-10
 
 
 def attn_tol(kind, path):
     """ATTN_TOL, or for q8 the kernel's own bound: the NEON path sums V with 14-bit weights."""
     return K.attention_q8_tolerance(path) if kind == "q8" else ATTN_TOL
-# Against exact float attention (nothing quantized): normalized mean squared error.
-ATTN_Q8_VS_EXACT_NMSE = 2e-3
-ATTN_Q4_VS_EXACT_NMSE = 5e-2
-ATTN_F32_VS_EXACT_NMSE = 1e-10
+
 
 # (T, n_kv, group, hd, bs, context, per_head, nsel)
 CASES = [
