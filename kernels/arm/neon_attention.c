@@ -264,8 +264,8 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
  * ACCUM_Q] against their largest, sums wq * v exactly in int32, and adds each sum times the
  * block's factor once per block. With dotprod, four key rows at a time are interleaved so that
  * each 32-bit lane holds one column's four values, and sdot multiplies them by the four rows'
- * weights, split as wq = 128 * hi + lo (hi, lo int8): 7 cycles per 32 columns of a row and head
- * pair by the N1 model (bench/gemm_mca.py: 14 for four rows of 16 columns). The rows past the
+ * weights, split as wq = 128 * hi + lo (hi, lo int8, read by element): 6 cycles per 32 columns
+ * of a row and head pair by the N1 model (bench/gemm_mca.py: 12 for four rows of 16 columns). The rows past the
  * last four, and every row without dotprod, widen to 16 bits and use smlal (16 cycles). Both give
  * the same int32 sums, so the same bits.
  *
@@ -280,13 +280,14 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
 #define ACCUM_MIN_WEIGHT 1e-30f      /* ACCUM_Q / it stays finite */
 
 /* The integer weights of n <= ACCUM_ROWS key rows for one query row: wq[j] = round(w[j] * ACCUM_Q
- * / max |w|), and their halves hi[j] = (wq + 64) >> 7, lo[j] = wq - 128 * hi (sdot's operands).
+ * / max |w|), and their halves hi = (wq + 64) >> 7, lo = wq - 128 * hi, as sdot reads them: for
+ * each four rows j .. j+3, their four hi bytes then their four lo bytes (hl[2 * j] on).
  * Returns the factor back (max |w| / ACCUM_Q), 0 when every weight is 0 (nothing to add), or -1
  * when they cannot be scaled. (The engine's weights are never negative; a caller's own V scales
  * may be.) */
 struct accum_weights {
     int16_t wq[ACCUM_ROWS];
-    int8_t hi[ACCUM_ROWS], lo[ACCUM_ROWS];
+    int8_t hl[2 * ACCUM_ROWS];
 };
 
 ALWAYS_INLINE float quantize_weights(const float *w, int64_t n, struct accum_weights *q)
@@ -308,26 +309,19 @@ ALWAYS_INLINE float quantize_weights(const float *w, int64_t n, struct accum_wei
         const int32x4_t b = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(w + j + 4), inv));
         const int16x8_t wq = vcombine_s16(vqmovn_s32(a), vqmovn_s32(b));
         const int16x8_t hi = vshrq_n_s16(vaddq_s16(wq, vdupq_n_s16(64)), 7);
+        const int32x2_t h = vreinterpret_s32_s8(vmovn_s16(hi));
+        const int32x2_t l = vreinterpret_s32_s8(vmovn_s16(vsubq_s16(wq, vshlq_n_s16(hi, 7))));
         vst1q_s16(q->wq + j, wq);
-        vst1_s8(q->hi + j, vmovn_s16(hi));
-        vst1_s8(q->lo + j, vmovn_s16(vsubq_s16(wq, vshlq_n_s16(hi, 7))));
+        vst1q_s8(q->hl + 2 * j, vreinterpretq_s8_s32(vcombine_s32(vzip1_s32(h, l), vzip2_s32(h, l))));
     }
     for (; j < n; j++) {
         const int32_t wq = vcvtns_s32_f32(w[j] * inv);
         const int32_t hi = (wq + 64) >> 7;   /* arithmetic shift: floor */
         q->wq[j] = (int16_t)wq;
-        q->hi[j] = (int8_t)hi;
-        q->lo[j] = (int8_t)(wq - 128 * hi);
+        q->hl[2 * (j & ~3) + (j & 3)] = (int8_t)hi;
+        q->hl[2 * (j & ~3) + 4 + (j & 3)] = (int8_t)(wq - 128 * hi);
     }
     return m / (float)ACCUM_Q;
-}
-
-/* The four weights of rows j .. j+3 in every 32-bit lane: sdot's second operand. */
-ALWAYS_INLINE int8x16_t weights4(const int8_t *p)
-{
-    int32_t x;
-    memcpy(&x, p, sizeof x);
-    return vreinterpretq_s8_s32(vdupq_n_s32(x));
 }
 
 /* acc[r][d] += f[r] * sum_j wq[r][j] * v[j][d] for gh = 1 or 2 query rows, 16 columns at a time. */
@@ -360,16 +354,17 @@ ALWAYS_INLINE void accum_int_heads(const int gh, const int8_t *v, int64_t n, int
                                         vreinterpretq_s8_s16(vzip2q_s16(z01l, z23l)),
                                         vreinterpretq_s8_s16(vzip1q_s16(z01h, z23h)),
                                         vreinterpretq_s8_s16(vzip2q_s16(z01h, z23h))};
-                const int8x16_t wh0 = weights4(q0->hi + j), wl0 = weights4(q0->lo + j);
+                /* lane 0: the four rows' hi bytes, lane 1 their lo bytes (by-element sdot) */
+                const int8x8_t w0 = vld1_s8(q0->hl + 2 * j);
                 for (int i = 0; i < 4; i++) {
-                    ah[i] = vdotq_s32(ah[i], c[i], wh0);
-                    al[i] = vdotq_s32(al[i], c[i], wl0);
+                    ah[i] = vdotq_lane_s32(ah[i], c[i], w0, 0);
+                    al[i] = vdotq_lane_s32(al[i], c[i], w0, 1);
                 }
                 if (gh == 2) {
-                    const int8x16_t wh1 = weights4(q1->hi + j), wl1 = weights4(q1->lo + j);
+                    const int8x8_t w1 = vld1_s8(q1->hl + 2 * j);
                     for (int i = 0; i < 4; i++) {
-                        bh[i] = vdotq_s32(bh[i], c[i], wh1);
-                        bl[i] = vdotq_s32(bl[i], c[i], wl1);
+                        bh[i] = vdotq_lane_s32(bh[i], c[i], w1, 0);
+                        bl[i] = vdotq_lane_s32(bl[i], c[i], w1, 1);
                     }
                 }
             }
