@@ -265,9 +265,9 @@ ALWAYS_INLINE void mul_inplace(float *x, const float *y, int64_t n)
  * block's factor once per block. With dotprod, four key rows at a time are interleaved so that
  * each 32-bit lane holds one column's four values, and sdot multiplies them by the four rows'
  * weights, split as wq = 128 * hi + lo (hi, lo int8, read by element): 6 cycles per 32 columns
- * of a row and head pair by the N1 model (bench/gemm_mca.py: 12 for four rows of 16 columns). The rows past the
- * last four, and every row without dotprod, widen to 16 bits and use smlal (16 cycles). Both give
- * the same int32 sums, so the same bits.
+ * of a row and head pair by the N1 model (bench/gemm_mca.py: 12 for four rows of 16 columns).
+ * The rows past the last four, and every row without dotprod, widen to 16 bits and use smlal (16
+ * cycles). Both give the same int32 sums, so the same bits.
  *
  * Rounding a weight moves it by at most 2^-15 of the block's largest, which sums to about 2^-14
  * of max|V| in the output, against 2^-8 of a row's largest value for the q8 cache's own rounding
