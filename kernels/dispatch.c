@@ -2,6 +2,7 @@
  * What this build is, and whether this CPU can run it.
  * Where no SIMD path is compiled, every *_simd is its *_portable twin (the one place that says so).
  */
+#include <math.h>
 #include "internal.h"
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -198,6 +199,11 @@ int kernel_attention_q8_weight_bits(void)
 #else
     return 0;
 #endif
+}
+
+double kernel_attention_tolerance(int weight_bits)
+{
+    return 2e-5 + (weight_bits > 0 ? 8.0 * ldexp(1.0, -weight_bits) : 0.0);
 }
 
 const char *kernel_path(void)

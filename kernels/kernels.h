@@ -317,6 +317,11 @@ int kernel_set_attention_variant(const char *name);
  * float (x86: both instantiations; portable), 14 on NEON, which sums them as integers
  * (arm/neon_attention.c). A caller comparing against float attention sizes its tolerance by it. */
 int kernel_attention_q8_weight_bits(void);
+/* How far attention may lie from float attention of the same dequantized cache, as a fraction of
+ * max|V|, when its V pass gives the weights `weight_bits` bits (0: float): 2e-5 for float32
+ * scores, exp and sums; with b-bit weights also their rounding, at most 2^-(b+1) of a block's
+ * largest weight each, which random data sums to about 2^-b of max|V|: allowed 8 * 2^-b. */
+double kernel_attention_tolerance(int weight_bits);
 
 /* ---- what this build is ----------------------------------------------- */
 const char *kernel_path(void);        /* "neon-dotprod" | "neon" | "avx2" | "portable" */

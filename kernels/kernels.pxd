@@ -169,6 +169,7 @@ cdef extern from "kernels.h" nogil:
     const char *kernel_attention_variants()
     int kernel_set_attention_variant(const char *name)
     int kernel_attention_q8_weight_bits()
+    double kernel_attention_tolerance(int weight_bits)
 
     const char *c_kernel_path "kernel_path"()
     int kernel_cpu_supported()

@@ -151,12 +151,12 @@ def attention_q8_weight_bits(path="simd"):
 
 def attention_q8_tolerance(path="simd"):
     """How far attention_q8 on `path` may lie from float attention of the same dequantized cache,
-    as a fraction of max|V|: 2e-5 with float weights (float32 scores, exp and sums only); with
-    b-bit weights also their rounding, at most 2^-(b+1) of a block's largest weight each, which
-    random data sums to about 2^-b of max|V| (2.2 * 2^-14 at most in tests/kernels/c/check_simd.c),
-    allowed 8 * 2^-b. The q8 cache itself rounds each value to 2^-8 of its row's largest."""
-    bits = attention_q8_weight_bits(path)
-    return 2e-5 if bits == 0 else 2e-5 + 8.0 * 2.0 ** -bits
+    as a fraction of max|V| (kernels.h kernel_attention_tolerance): 2e-5 with float weights
+    (float32 scores, exp and sums only); with b-bit weights also their rounding, at most
+    2^-(b+1) of a block's largest weight each, which random data sums to about 2^-b of max|V|
+    (2.2 * 2^-14 at most in tests/kernels/c/check_simd.c), allowed 8 * 2^-b. The q8 cache itself
+    rounds each value to 2^-8 of its row's largest."""
+    return kernel_attention_tolerance(attention_q8_weight_bits(path))
 
 
 def kernel_path():

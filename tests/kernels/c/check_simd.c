@@ -221,9 +221,8 @@ __attribute__((noinline)) static void check_attention(int kind, int64_t T, int64
     snprintf(what, sizeof what, "attention_%s T=%lld n_kv=%lld group=%lld hd=%lld ctx=%lld",
              kind == 0 ? "q8" : kind == 1 ? "q4" : "f32", (long long)T, (long long)n_kv,
              (long long)group, (long long)hd, (long long)ctx);
-    /* q8 on NEON sums V with 15-bit weights: kernels.pyx attention_q8_tolerance */
-    const int bits = kind == 0 ? kernel_attention_q8_weight_bits() : 0;
-    check(worst <= 2e-5 + (bits ? 8.0 * ldexp(1.0, -bits) : 0.0), what, worst);
+    /* q8 on NEON sums V with integer weights (kernels.h kernel_attention_tolerance) */
+    check(worst <= kernel_attention_tolerance(kind == 0 ? kernel_attention_q8_weight_bits() : 0), what, worst);
     wait_for_late_workers();
     free(k); free(v); free(ks); free(vs); free(q); free(o0); free(o1);
     free(table); free(bpos); free(count); free(qpos);
